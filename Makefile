@@ -1,0 +1,43 @@
+# Two commands: `make book` (build the HTML book) and `make test` (every test).
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+PIP    := $(PY) -m pip
+TORCH  ?= torch==2.13.0
+BOOK   := $(VENV)/bin/jupyter-book build --all -W -n --keep-going .
+
+# Offline and reproducible, for the book build as for the tests.
+export HF_HUB_OFFLINE := 1
+export TRANSFORMERS_OFFLINE := 1
+export TRANSFORMERS_VERBOSITY := error
+export PYTHONHASHSEED := 0
+unexport MPLBACKEND
+
+.PHONY: book test bench clean
+
+$(PY):
+	python3 -m venv $(VENV)
+	$(PIP) install --quiet --upgrade pip
+	$(PIP) install --quiet "$(TORCH)"   # torch first: a later resolver would pull a CUDA build
+
+$(VENV)/.book: $(PY) pyproject.toml
+	$(PIP) install --quiet -e ".[book]"
+	touch $@
+
+$(VENV)/.test: $(VENV)/.book
+	$(PIP) install --quiet -e ".[test]"
+	touch $@
+
+book: $(VENV)/.book
+	$(BOOK)
+	@echo "Built: file://$(CURDIR)/_build/html/index.html"
+
+test: $(VENV)/.test
+	$(PY) -m pytest tests chapters
+	$(BOOK)
+	@echo "All tests passed; book built at file://$(CURDIR)/_build/html/index.html"
+
+bench: $(VENV)/.test
+	$(PY) -m benchmarks
+
+clean:
+	rm -rf _build

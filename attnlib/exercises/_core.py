@@ -1,0 +1,142 @@
+"""The machinery every exercise checker shares.
+
+A checker runs the reader's code on inputs it chooses, compares the result with attnlib's, and on
+a mismatch tries known mistakes until one reproduces the reader's output. It never raises: the
+reader's exceptions, wrong types and wrong shapes all become a failed `CheckResult` whose message
+says what is wrong. A stub that still raises NotImplementedError reads "not attempted yet".
+"""
+
+from __future__ import annotations
+
+import functools
+import html
+import os
+import sys
+import traceback
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+import torch
+
+__all__ = ["CheckResult", "CandidateError", "checker", "run", "as_tensor", "expect_close", "matching"]
+
+_LIBRARY_DIRS = tuple(os.path.dirname(os.path.abspath(m.__file__)) + os.sep
+                      for m in (torch, sys.modules["attnlib"]) if getattr(m, "__file__", None))
+_LIBRARY_DIRS += tuple({os.path.join(p, "lib") for p in (sys.prefix, sys.base_prefix)})
+
+
+@dataclass(frozen=True)
+class CheckResult:
+    """What a checker found: `passed`, a plain-English `message`, and whether it was `attempted`."""
+
+    name: str
+    passed: bool
+    message: str
+    attempted: bool = True
+
+    @property
+    def status(self) -> str:
+        return "passed" if self.passed else ("not attempted yet" if not self.attempted else "failed")
+
+    def __bool__(self) -> bool:
+        return self.passed
+
+    def __repr__(self) -> str:
+        return f"[{self.status}] {self.name}: {self.message}"
+
+    def _repr_html_(self) -> str:
+        colour = {"passed": "#1a7f37", "failed": "#cf222e"}.get(self.status, "#6e7781")
+        return (f'<div style="border-left: 4px solid {colour}; padding: 0.3em 0.8em;">'
+                f'<strong style="color: {colour}">{html.escape(self.name)}: {self.status}</strong>'
+                f'<br>{html.escape(self.message)}</div>')
+
+
+class CandidateError(Exception):
+    """The reader's code did something wrong; the message says what, for the reader."""
+
+
+class _NotAttempted(Exception):
+    pass
+
+
+def _reader_line(exc: BaseException) -> str:
+    """' at line N of your code: `source`' for the deepest frame outside torch, attnlib and the stdlib."""
+    frames = [f for f in traceback.extract_tb(exc.__traceback__)
+              if not os.path.abspath(f.filename).startswith(_LIBRARY_DIRS)]
+    if not frames:
+        return ""
+    f = frames[-1]
+    source = f" `{f.line.strip()}`" if f.line else ""
+    return f" at line {f.lineno} of your code{':' if source else ''}{source}"
+
+
+def run(candidate: Callable, *args, what: str = "your function", **kwargs):
+    """Call the reader's code; turn its exceptions into CandidateError (NotImplementedError: not attempted)."""
+    if not callable(candidate):
+        raise CandidateError(f"expected a function or class, got {type(candidate).__name__}")
+    try:
+        return candidate(*args, **kwargs)
+    except NotImplementedError as exc:
+        raise _NotAttempted from exc
+    except Exception as exc:  # the reader's bug, reported with its type and line
+        raise CandidateError(f"{what} raised {type(exc).__name__}: {exc}{_reader_line(exc)}") from None
+
+
+def as_tensor(value: object, what: str, shape: tuple[int, ...] | None = None) -> torch.Tensor:
+    """Check that the reader returned a tensor (of `shape`, when given); raise CandidateError if not."""
+    if not isinstance(value, torch.Tensor):
+        raise CandidateError(f"{what} should be a torch.Tensor, got {type(value).__name__}")
+    if shape is not None and tuple(value.shape) != tuple(shape):
+        raise CandidateError(f"{what} has shape {tuple(value.shape)}, expected {tuple(shape)}")
+    return value
+
+
+def _close(a: torch.Tensor, b: torch.Tensor, atol: float) -> bool:
+    if a.shape != b.shape:
+        return False
+    a, b = a.detach().double(), b.detach().double()
+    both_nan = torch.isnan(a) & torch.isnan(b)
+    return bool(((a - b).abs() <= atol + atol * b.abs()).logical_or(both_nan).all())
+
+
+def matching(got: torch.Tensor, mistakes: Mapping[str, torch.Tensor], atol: float = 1e-5) -> list[str]:
+    """The names of the known mistakes whose output equals `got`."""
+    return [name for name, out in mistakes.items() if _close(got, out, atol)]
+
+
+def expect_close(got: torch.Tensor, expected: torch.Tensor, what: str, *,
+                 mistakes: Mapping[str, torch.Tensor] | None = None, atol: float = 1e-5) -> None:
+    """Raise CandidateError unless got ≈ expected; name the mistakes that reproduce `got`."""
+    if torch.isnan(got).any() and not torch.isnan(expected).any():
+        found = matching(got, mistakes or {}, atol)
+        raise CandidateError(f"{what} contains NaN" + (f": {' and '.join(found)}" if found else ""))
+    if _close(got, expected, atol):
+        return
+    found = matching(got, mistakes or {}, atol)
+    if found:
+        raise CandidateError(f"{what} is wrong: it matches {' and '.join(found)}")
+    diff = (got.detach().double() - expected.detach().double()).abs().max().item()
+    raise CandidateError(f"{what} is wrong (max abs difference {diff:.3g} from the reference), "
+                         f"and it matches none of the usual mistakes")
+
+
+def checker(name: str) -> Callable[[Callable[..., str]], Callable[..., CheckResult]]:
+    """Wrap `body(candidate) -> success message` into a checker that returns a CheckResult and never raises."""
+    def wrap(body: Callable[..., str]) -> Callable[..., CheckResult]:
+        @functools.wraps(body)
+        def check(candidate, *args, **kwargs) -> CheckResult:
+            try:
+                with torch.random.fork_rng():
+                    torch.manual_seed(0)
+                    message = body(candidate, *args, **kwargs)
+                return CheckResult(name, True, message)
+            except _NotAttempted:
+                return CheckResult(name, False, "not attempted yet: replace `raise NotImplementedError` "
+                                   "with your code and run the cell again", attempted=False)
+            except CandidateError as exc:
+                return CheckResult(name, False, str(exc))
+            except Exception as exc:  # noqa: BLE001 - a checker must never crash on a reader
+                return CheckResult(name, False, f"the check could not run your code: "
+                                   f"{type(exc).__name__}: {exc}{_reader_line(exc)}")
+        return check
+    return wrap
