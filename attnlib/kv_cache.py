@@ -1,0 +1,92 @@
+"""The key/value cache: what a decoder keeps so that each new token attends without recomputing the past.
+
+At decode step t, the keys and values of positions 0..t-1 do not change, so each attention layer
+stores them once and appends the new token's (k, v). The cache holds H_kv heads per layer, never
+repeated to H: that is grouped-query attention's memory saving.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from attnlib._checks import fmt_shape, require_float_tensor
+
+__all__ = ["KVCache"]
+
+
+class KVCache:
+    """An empty cache for a whole model, grown in place, one entry per attention layer.
+
+    Each layer's keys and values live in a preallocated buffer (B, H_kv, capacity, Dh) whose
+    capacity doubles when full, so appending one token costs a copy of that token only.
+    """
+
+    def __init__(self) -> None:
+        self._k: list[torch.Tensor] = []  # per layer: (B, H_kv, capacity, Dh)
+        self._v: list[torch.Tensor] = []  # per layer: (B, H_kv, capacity, Dv)
+        self._len: list[int] = []         # per layer: positions filled
+
+    def __len__(self) -> int:
+        """The number of layers filled."""
+        return len(self._len)
+
+    @property
+    def seq_len(self) -> int:
+        """Positions cached so far (layer 0's length; 0 for an empty cache)."""
+        return self._len[0] if self._len else 0
+
+    def get_seq_len(self, layer_idx: int) -> int:
+        """Positions cached for one layer (0 if that layer has nothing yet)."""
+        return self._len[layer_idx] if layer_idx < len(self._len) else 0
+
+    def _check(self, layer_idx: int, k: torch.Tensor, v: torch.Tensor) -> None:
+        for name, t in (("k", k), ("v", v)):
+            require_float_tensor(t, name)
+            if t.dim() != 4:
+                raise ValueError(f"{name} of shape {fmt_shape(t.shape)} is not (B, H_kv, S_new, Dh)")
+        if k.shape[:3] != v.shape[:3]:
+            raise ValueError(f"k of shape {fmt_shape(k.shape)} and v of shape {fmt_shape(v.shape)} "
+                             f"differ in (B, H_kv, S_new)")
+        if isinstance(layer_idx, bool) or not isinstance(layer_idx, int) or not 0 <= layer_idx <= len(self):
+            raise ValueError(f"layer_idx must be an int in [0, {len(self)}] (layers are filled in order), "
+                             f"got {layer_idx!r}")
+        if layer_idx < len(self):
+            held = self._k[layer_idx]
+            if (k.shape[0], k.shape[1], k.shape[3]) != (held.shape[0], held.shape[1], held.shape[3]) \
+                    or v.shape[3] != self._v[layer_idx].shape[3]:
+                raise ValueError(
+                    f"the cache of layer {layer_idx} holds (B={held.shape[0]}, H_kv={held.shape[1]}, "
+                    f"Dh={held.shape[3]}), got k of shape {fmt_shape(k.shape)}: a cache belongs to one "
+                    f"batch and one model; start a new KVCache()")
+
+    def update(self, layer_idx: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Append k (B, H_kv, S_new, Dh) and v (B, H_kv, S_new, Dv) to layer `layer_idx`.
+
+        Returns everything that layer has cached: (B, H_kv, S_past + S_new, Dh) and (..., Dv).
+        """
+        self._check(layer_idx, k, v)
+        if layer_idx == len(self):
+            self._k.append(k.new_empty(k.shape[0], k.shape[1], 0, k.shape[3]))
+            self._v.append(v.new_empty(v.shape[0], v.shape[1], 0, v.shape[3]))
+            self._len.append(0)
+        start, new = self._len[layer_idx], k.shape[2]
+        if start + new > self._k[layer_idx].shape[2]:
+            self._grow(layer_idx, max(2 * (start + new), 16))
+        self._k[layer_idx][:, :, start:start + new] = k
+        self._v[layer_idx][:, :, start:start + new] = v
+        self._len[layer_idx] = end = start + new
+        return self._k[layer_idx][:, :, :end], self._v[layer_idx][:, :, :end]
+
+    def _grow(self, layer_idx: int, capacity: int) -> None:
+        """Move layer `layer_idx` into buffers of `capacity` positions."""
+        for buffers in (self._k, self._v):
+            old = buffers[layer_idx]
+            grown = old.new_empty(old.shape[0], old.shape[1], capacity, old.shape[3])
+            grown[:, :, :self._len[layer_idx]] = old[:, :, :self._len[layer_idx]]
+            buffers[layer_idx] = grown
+
+    def __repr__(self) -> str:
+        if not self._len:
+            return "KVCache(empty)"
+        B, H_kv, _, Dh = self._k[0].shape
+        return f"KVCache(layers={len(self)}, seq_len={self.seq_len}, B={B}, H_kv={H_kv}, Dh={Dh})"

@@ -1,0 +1,148 @@
+"""Multi-head attention: H heads of width Dh = D / H, each attending on its own, then mixed by W_o.
+
+    head_i = attention(x W_q^i, c W_k^g(i), c W_v^g(i)),   out = concat(head_1..head_H) W_o
+
+c is x for self-attention and the context for cross-attention. With num_kv_heads = H_kv < H,
+query head i uses key/value head g(i) = i // (H / H_kv): grouped-query attention (GQA); H_kv = 1
+is multi-query attention (MQA); H_kv = H is plain multi-head attention (MHA).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from attnlib import masks as _masks
+from attnlib._checks import fmt_shape, require_dims, require_float_tensor
+from attnlib.attention import attention
+from attnlib.kv_cache import KVCache
+
+__all__ = ["MultiHeadAttention", "repeat_kv"]
+
+
+def repeat_kv(x: torch.Tensor, n_rep: int) -> torch.Tensor:
+    """(B, H_kv, S, Dh) -> (B, H_kv * n_rep, S, Dh): each key/value head repeated n_rep times in place.
+
+    Equivalent to torch.repeat_interleave(x, n_rep, dim=1), so query head i meets kv head i // n_rep.
+    Uses expand + reshape (one copy, no Python loop).
+    """
+    if n_rep == 1:
+        return x
+    B, H_kv, S, Dh = x.shape
+    return x[:, :, None].expand(B, H_kv, n_rep, S, Dh).reshape(B, H_kv * n_rep, S, Dh)
+
+
+class MultiHeadAttention(nn.Module):
+    """Self- and cross-attention with H query heads and H_kv key/value heads (MHA, GQA, MQA).
+
+    Parameters: `qkv`, one fused projection D -> (H + 2 H_kv) Dh whose output rows are ordered
+    [q; k; v], and `out`, D -> D. `rotary` (an attnlib.positional.RotaryEmbedding) rotates q and k
+    by their positions before the cache, as in Llama.
+    """
+
+    def __init__(self, d_model: int, num_heads: int, num_kv_heads: int | None = None, *,
+                 bias: bool = True, dropout: float = 0.0, layer_idx: int = 0,
+                 rotary: nn.Module | None = None) -> None:
+        super().__init__()
+        num_kv_heads = num_heads if num_kv_heads is None else num_kv_heads
+        if num_heads < 1 or d_model % num_heads:
+            raise ValueError(f"d_model={d_model} is not divisible by num_heads={num_heads}: "
+                             f"each head gets Dh = d_model / num_heads")
+        if num_kv_heads < 1 or num_heads % num_kv_heads:
+            raise ValueError(f"num_kv_heads={num_kv_heads} must divide num_heads={num_heads} "
+                             f"(MHA: equal, GQA: a divisor, MQA: 1)")
+        if not 0.0 <= dropout < 1.0:
+            raise ValueError(f"dropout must be in [0, 1), got {dropout}")
+        self.d_model, self.num_heads, self.num_kv_heads = d_model, num_heads, num_kv_heads
+        self.head_dim = d_model // num_heads
+        self.dropout, self.layer_idx, self.rotary = dropout, layer_idx, rotary
+        self.qkv = nn.Linear(d_model, (num_heads + 2 * num_kv_heads) * self.head_dim, bias=bias)
+        self.out = nn.Linear(d_model, d_model, bias=bias)
+
+    def _project(self, x: torch.Tensor, context: torch.Tensor | None):
+        """q (B, H, T, Dh), k and v (B, H_kv, S, Dh) from x (B, T, D) and the context (B, S, D)."""
+        D, kv = self.d_model, self.num_kv_heads * self.head_dim
+        if context is None:
+            q, k, v = self.qkv(x).split([D, kv, kv], dim=-1)  # one matmul: (B, T, D + 2 kv)
+        else:
+            w_q, w_kv = self.qkv.weight.split([D, 2 * kv])
+            b_q, b_kv = self.qkv.bias.split([D, 2 * kv]) if self.qkv.bias is not None else (None, None)
+            q = F.linear(x, w_q, b_q)                             # (B, T, D)
+            k, v = F.linear(context, w_kv, b_kv).split([kv, kv], dim=-1)  # (B, S, kv) each
+        B = x.shape[0]
+        q = q.view(B, -1, self.num_heads, self.head_dim).transpose(1, 2)     # (B, H, T, Dh)
+        k = k.view(B, -1, self.num_kv_heads, self.head_dim).transpose(1, 2)  # (B, H_kv, S, Dh)
+        v = v.view(B, -1, self.num_kv_heads, self.head_dim).transpose(1, 2)  # (B, H_kv, S, Dh)
+        return q, k, v
+
+    def _check_inputs(self, x: torch.Tensor, context: torch.Tensor | None, cache: KVCache | None) -> None:
+        require_float_tensor(x, "x")
+        require_dims(x, "x", 3, f"(B, T, D) with D={self.d_model}")
+        if x.shape[-1] != self.d_model:
+            raise ValueError(f"x of shape {fmt_shape(x.shape)} is not (B, T, D) with D={self.d_model}")
+        if context is not None:
+            require_float_tensor(context, "context")
+            if context.dim() != 3 or context.shape[0] != x.shape[0] or context.shape[-1] != self.d_model:
+                raise ValueError(f"context of shape {fmt_shape(context.shape)} is not (B, S, D) with "
+                                 f"B={x.shape[0]}, D={self.d_model}")
+            if cache is not None:
+                raise ValueError("cache is for self-attention; cross-attention (context given) "
+                                 "recomputes its keys and values")
+
+    def forward(self, x: torch.Tensor, context: torch.Tensor | None = None,
+                mask: torch.Tensor | None = None, *, is_causal: bool = False,
+                cache: KVCache | None = None, need_weights: bool = False,
+                positions: torch.Tensor | None = None):
+        """x (B, T, D), context (B, S, D) or None (self-attention) -> (B, T, D).
+
+        mask: bool, True = may attend, broadcastable to (B, H, T, S); is_causal ANDs the bottom-right
+        causal mask. With a cache, the T new tokens attend to every cached position as well.
+        positions (T,) or (B, T): where the T tokens stand, for `rotary` (default: after the cache).
+        need_weights=True also returns the weights (B, H, T, S) actually applied to V.
+        """
+        self._check_inputs(x, context, cache)
+        q, k, v = self._project(x, context)
+        if self.rotary is not None:
+            if positions is None:
+                start = cache.get_seq_len(self.layer_idx) if cache is not None else 0
+                positions = torch.arange(start, start + x.shape[1], device=x.device)
+            q, k = self.rotary(q, positions), self.rotary(k, positions)
+        if cache is not None:
+            k, v = cache.update(self.layer_idx, k, v)  # (B, H_kv, S_past + T, Dh)
+        B, _, T, _ = q.shape
+        S = k.shape[2]
+        allowed = _masks.check_mask(mask, (B, self.num_heads, T, S)) if mask is not None else None
+        causal_fast = is_causal and allowed is None and T == S
+        if is_causal and not causal_fast:
+            allowed = _masks.combine(allowed, _masks.causal_mask(T, S, device=x.device))
+        n_rep = self.num_heads // self.num_kv_heads
+        p = self.dropout if self.training else 0.0
+        if need_weights:
+            y, weights = attention(q, repeat_kv(k, n_rep), repeat_kv(v, n_rep), allowed,
+                                   is_causal=causal_fast, dropout_p=p)
+        else:
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, dropout_p=p,
+                                               is_causal=causal_fast, enable_gqa=n_rep > 1)
+        y = self.out(y.transpose(1, 2).reshape(B, T, self.d_model))  # (B, H, T, Dh) -> (B, T, D)
+        return (y, weights) if need_weights else y
+
+    @classmethod
+    def from_torch(cls, m: nn.MultiheadAttention) -> MultiHeadAttention:
+        """A copy of an nn.MultiheadAttention's weights (attnlib is always batch-first)."""
+        if not isinstance(m, nn.MultiheadAttention):
+            raise TypeError(f"m must be an nn.MultiheadAttention, got {type(m).__name__}")
+        if not m._qkv_same_embed_dim:
+            raise ValueError(f"kdim={m.kdim} / vdim={m.vdim} differ from embed_dim={m.embed_dim}: "
+                             f"attnlib projects keys and values from width D only")
+        if m.bias_k is not None or m.add_zero_attn:
+            raise ValueError("add_bias_kv and add_zero_attn are not modelled by attnlib")
+        ours = cls(m.embed_dim, m.num_heads, bias=m.in_proj_bias is not None, dropout=m.dropout)
+        ours = ours.to(device=m.in_proj_weight.device, dtype=m.in_proj_weight.dtype)
+        with torch.no_grad():
+            ours.qkv.weight.copy_(m.in_proj_weight)  # rows [W_q; W_k; W_v], as ours
+            ours.out.weight.copy_(m.out_proj.weight)
+            if m.in_proj_bias is not None:
+                ours.qkv.bias.copy_(m.in_proj_bias)
+                ours.out.bias.copy_(m.out_proj.bias)
+        return ours.train(m.training)
