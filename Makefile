@@ -32,8 +32,8 @@ book: $(VENV)/.book
 	@echo "Built: file://$(CURDIR)/_build/html/index.html"
 
 test: $(VENV)/.test
-	$(PY) -m pytest tests chapters
 	$(BOOK)
+	ATTNBOOK_REQUIRE_BUILD=1 $(PY) -m pytest tests chapters
 	@echo "All tests passed; book built at file://$(CURDIR)/_build/html/index.html"
 
 bench: $(VENV)/.test

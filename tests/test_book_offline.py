@@ -1,0 +1,81 @@
+"""The built HTML book loads nothing from outside itself, and typesets math with the bundled MathJax.
+
+Runs over _build/html. `make test` builds the book first and sets ATTNBOOK_REQUIRE_BUILD=1, so a
+missing build fails there; a bare `pytest` without a build skips these tests and says why.
+"""
+
+import os
+import re
+from html.parser import HTMLParser
+from pathlib import Path
+
+import pytest
+
+HTML = Path(__file__).resolve().parents[1] / "_build" / "html"
+EXTERNAL = re.compile(r"^(?:[a-z][a-z0-9+.-]*:)?//", re.IGNORECASE)  # http://, https://, //host
+CSS_URL = re.compile(r"""url\(\s*['"]?([^'")]+)""")
+
+if not (HTML / "index.html").exists():
+    if os.environ.get("ATTNBOOK_REQUIRE_BUILD") == "1":
+        raise RuntimeError(f"{HTML} has no index.html: build the book before these tests")
+    pytest.skip(f"no built book in {HTML}: run `make book` first", allow_module_level=True)
+
+
+class _Loads(HTMLParser):
+    """Collects every URL a page makes the browser load (not the links a reader may click)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.urls: list[str] = []
+
+    def handle_starttag(self, tag, attrs):
+        a = dict(attrs)
+        if tag in ("script", "img", "iframe", "source", "audio", "video", "embed") and a.get("src"):
+            self.urls.append(a["src"])
+        if tag == "link" and a.get("href") and a.get("rel") not in ("canonical", "next", "prev", "search", "index"):
+            self.urls.append(a["href"])
+        if tag == "object" and a.get("data"):
+            self.urls.append(a["data"])
+        for url in CSS_URL.findall(a.get("style", "")):
+            self.urls.append(url)
+
+
+def _pages():
+    return sorted(HTML.rglob("*.html"))
+
+
+def _loads(page: Path) -> list[str]:
+    parser = _Loads()
+    text = page.read_text(encoding="utf-8")
+    parser.feed(text)
+    inline_css = "".join(re.findall(r"<style[^>]*>(.*?)</style>", text, re.DOTALL))
+    return parser.urls + CSS_URL.findall(inline_css)
+
+
+def test_pages_exist():
+    names = {p.name for p in _pages()}
+    assert {"intro.html", "glossary.html"} <= names
+
+
+@pytest.mark.parametrize("page", _pages(), ids=lambda p: str(p.relative_to(HTML)))
+def test_page_loads_nothing_external(page):
+    external = [u for u in _loads(page) if EXTERNAL.match(u)]
+    assert not external, f"{page.name} loads {external}"
+
+
+def test_stylesheets_load_nothing_external():
+    for css in HTML.rglob("*.css"):
+        text = css.read_text(encoding="utf-8", errors="replace")
+        external = [u for u in CSS_URL.findall(text) if EXTERNAL.match(u)]
+        external += [u for u in re.findall(r"""@import\s+['"]([^'"]+)""", text) if EXTERNAL.match(u)]
+        assert not external, f"{css.relative_to(HTML)} loads {external}"
+
+
+def test_math_uses_the_bundled_mathjax():
+    intro = (HTML / "intro.html").read_text(encoding="utf-8")
+    mathjax = [u for u in _loads(HTML / "intro.html") if "mathjax" in u.lower()]
+    assert mathjax, "intro.html has math but loads no MathJax"
+    for url in mathjax:
+        target = (HTML / "intro.html").parent / url.split("?")[0]
+        assert target.exists(), f"MathJax at {url} is not in the built book"
+    assert r"\(" in intro or "math notranslate" in intro

@@ -1,0 +1,72 @@
+"""The checker framework: never raises, says 'not attempted yet' for stubs, names the reader's line."""
+
+import torch
+
+from attnlib.exercises._core import CandidateError, CheckResult, as_tensor, checker, expect_close, run
+
+
+@checker("double it")
+def check_double(candidate) -> str:
+    x = torch.arange(4.0)
+    got = as_tensor(run(candidate, x), "your result", shape=(4,))
+    expect_close(got, 2 * x, "your result", mistakes={"you added 2 instead of doubling": x + 2})
+    return "doubles every entry"
+
+
+def test_correct_candidate_passes():
+    result = check_double(lambda x: x * 2)
+    assert result.passed and bool(result) and result.status == "passed"
+    assert "passed" in repr(result) and "passed" in result._repr_html_()
+
+
+def test_stub_reads_not_attempted():
+    def stub(x):
+        raise NotImplementedError
+    result = check_double(stub)
+    assert not result.passed and not result.attempted
+    assert result.status == "not attempted yet" and "not attempted yet" in result.message
+
+
+def test_known_mistake_is_named():
+    result = check_double(lambda x: x + 2)
+    assert not result.passed and "you added 2 instead of doubling" in result.message
+
+
+def test_unknown_mistake_gives_the_difference():
+    result = check_double(lambda x: x * 3)
+    assert "max abs difference 3" in result.message and "none of the usual mistakes" in result.message
+
+
+def test_exception_names_type_and_line_of_reader_code():
+    def buggy(x):
+        y = x * 2
+        return y @ torch.ones(3)  # shape error on this line
+    result = check_double(buggy)
+    assert not result.passed and result.attempted
+    assert "raised RuntimeError" in result.message
+    assert "of your code: `return y @ torch.ones(3)" in result.message
+
+
+def test_wrong_type_and_shape_are_reported():
+    assert "should be a torch.Tensor, got list" in check_double(lambda x: [1, 2]).message
+    assert "has shape (2, 2), expected (4,)" in check_double(lambda x: torch.zeros(2, 2)).message
+    assert "expected a function or class, got int" in check_double(3).message
+
+
+def test_nan_is_reported_as_such():
+    assert "contains NaN" in check_double(lambda x: x * float("nan")).message
+
+
+def test_checker_bug_never_escapes():
+    @checker("broken")
+    def check_broken(candidate) -> str:
+        raise KeyError("oops")
+    result = check_broken(lambda: None)
+    assert isinstance(result, CheckResult) and not result.passed and "KeyError" in result.message
+
+
+def test_candidate_error_is_a_plain_failure():
+    @checker("explicit")
+    def check_explicit(candidate) -> str:
+        raise CandidateError("your mask is inverted")
+    assert check_explicit(None).message == "your mask is inverted"
