@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import html
+import inspect
 import os
 import sys
 import traceback
@@ -138,5 +139,7 @@ def checker(name: str) -> Callable[[Callable[..., str]], Callable[..., CheckResu
             except Exception as exc:  # noqa: BLE001 - a checker must never crash on a reader
                 return CheckResult(name, False, f"the check could not run your code: "
                                    f"{type(exc).__name__}: {exc}{_reader_line(exc)}")
+        # help() and the API page show body's parameters, and what check really returns
+        check.__signature__ = inspect.signature(body).replace(return_annotation="CheckResult")
         return check
     return wrap
