@@ -18,7 +18,28 @@ from attnlib._checks import fmt_shape, require_dims, require_float_tensor
 from attnlib.attention import attention
 from attnlib.kv_cache import KVCache
 
-__all__ = ["MultiHeadAttention", "repeat_kv"]
+__all__ = ["MultiHeadAttention", "split_heads", "merge_heads", "repeat_kv"]
+
+
+def split_heads(x: torch.Tensor, num_heads: int) -> torch.Tensor:
+    """(B, T, H·Dh) -> (B, H, T, Dh): cut each token's width into H heads, then put heads before time.
+
+    Head h holds features h·Dh .. (h+1)·Dh - 1 of every token. A view when x's last axis is contiguous.
+    """
+    require_dims(x, "x", 3, "(B, T, D)")
+    if x.shape[-1] % num_heads:
+        raise ValueError(f"x of shape {fmt_shape(x.shape)}: D={x.shape[-1]} is not divisible by "
+                         f"num_heads={num_heads}")
+    return x.unflatten(-1, (num_heads, -1)).transpose(1, 2)  # (B, T, H, Dh) -> (B, H, T, Dh)
+
+
+def merge_heads(x: torch.Tensor) -> torch.Tensor:
+    """(B, H, T, Dh) -> (B, T, H·Dh), the inverse of split_heads: heads back next to Dh, then flatten.
+
+    The transpose must come first: x.reshape(B, T, H·Dh) has the right shape but mixes tokens.
+    """
+    B, H, T, Dh = x.shape
+    return x.transpose(1, 2).reshape(B, T, H * Dh)  # (B, T, H, Dh) -> (B, T, D)
 
 
 def repeat_kv(x: torch.Tensor, n_rep: int) -> torch.Tensor:
@@ -31,6 +52,33 @@ def repeat_kv(x: torch.Tensor, n_rep: int) -> torch.Tensor:
         return x
     B, H_kv, S, Dh = x.shape
     return x[:, :, None].expand(B, H_kv, n_rep, S, Dh).reshape(B, H_kv * n_rep, S, Dh)
+
+
+def _attention_no_grad(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                       allowed: torch.Tensor | None, dropout_p: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """attention(q, k, v, allowed, dropout_p=dropout_p) for when no gradient is needed (tests: equal).
+
+    q (B, H, T, Dh), k (B, H_kv, S, Dh), v (B, H_kv, S, Dv). The scores, the weights and the dropout
+    share one (B, H, T, S) buffer, written in place, instead of a fresh tensor per step. GQA needs no
+    repeat_kv: the g = H / H_kv query heads of a group are stacked along time, so one matmul per
+    kv head serves its whole group: (B·H_kv, g·T, Dh) @ (B·H_kv, Dh, S).
+    """
+    B, H, T, Dh = q.shape
+    H_kv, S = k.shape[1], k.shape[2]
+    q = q.reshape(B * H_kv, H // H_kv * T, Dh)  # (B, H, T, Dh) -> (B·H_kv, g·T, Dh)
+    scores = q.new_empty(B * H_kv, H // H_kv * T, S)
+    torch.baddbmm(scores, q, k.reshape(B * H_kv, S, Dh).transpose(1, 2), beta=0.0, alpha=Dh ** -0.5,
+                  out=scores)  # Q Kᵀ / sqrt(Dh), written into the buffer
+    weights = scores.view(B, H, T, S)
+    if allowed is not None:
+        weights.masked_fill_(~allowed, float("-inf"))
+    torch.softmax(weights, dim=-1, out=weights)
+    if allowed is not None and not bool(allowed.any(dim=-1).all()):
+        weights.masked_fill_(~allowed.any(dim=-1, keepdim=True), 0.0)  # empty rows: NaN -> 0, as attention()
+    if dropout_p > 0.0:
+        F.dropout(weights, dropout_p, inplace=True)
+    out = torch.bmm(scores, v.reshape(B * H_kv, S, v.shape[-1]))  # (B·H_kv, g·T, Dv)
+    return out.view(B, H, T, -1), weights
 
 
 class MultiHeadAttention(nn.Module):
@@ -46,7 +94,7 @@ class MultiHeadAttention(nn.Module):
                  rotary: nn.Module | None = None) -> None:
         super().__init__()
         num_kv_heads = num_heads if num_kv_heads is None else num_kv_heads
-        if num_heads < 1 or d_model % num_heads:
+        if num_heads < 1 or d_model < 1 or d_model % num_heads:
             raise ValueError(f"d_model={d_model} is not divisible by num_heads={num_heads}: "
                              f"each head gets Dh = d_model / num_heads")
         if num_kv_heads < 1 or num_heads % num_kv_heads:
@@ -68,13 +116,10 @@ class MultiHeadAttention(nn.Module):
         else:
             w_q, w_kv = self.qkv.weight.split([D, 2 * kv])
             b_q, b_kv = self.qkv.bias.split([D, 2 * kv]) if self.qkv.bias is not None else (None, None)
-            q = F.linear(x, w_q, b_q)                             # (B, T, D)
+            q = F.linear(x, w_q, b_q)                                      # (B, T, D)
             k, v = F.linear(context, w_kv, b_kv).split([kv, kv], dim=-1)  # (B, S, kv) each
-        B = x.shape[0]
-        q = q.view(B, -1, self.num_heads, self.head_dim).transpose(1, 2)     # (B, H, T, Dh)
-        k = k.view(B, -1, self.num_kv_heads, self.head_dim).transpose(1, 2)  # (B, H_kv, S, Dh)
-        v = v.view(B, -1, self.num_kv_heads, self.head_dim).transpose(1, 2)  # (B, H_kv, S, Dh)
-        return q, k, v
+        return (split_heads(q, self.num_heads), split_heads(k, self.num_kv_heads),
+                split_heads(v, self.num_kv_heads))
 
     def _check_inputs(self, x: torch.Tensor, context: torch.Tensor | None, cache: KVCache | None) -> None:
         require_float_tensor(x, "x")
@@ -113,19 +158,23 @@ class MultiHeadAttention(nn.Module):
         B, _, T, _ = q.shape
         S = k.shape[2]
         allowed = _masks.check_mask(mask, (B, self.num_heads, T, S)) if mask is not None else None
-        causal_fast = is_causal and allowed is None and T == S
-        if is_causal and not causal_fast:
-            allowed = _masks.combine(allowed, _masks.causal_mask(T, S, device=x.device))
-        n_rep = self.num_heads // self.num_kv_heads
         p = self.dropout if self.training else 0.0
-        if need_weights:
-            y, weights = attention(q, repeat_kv(k, n_rep), repeat_kv(v, n_rep), allowed,
-                                   is_causal=causal_fast, dropout_p=p)
-        else:
+        if not need_weights and is_causal and allowed is None and T == S:  # top-left == bottom-right
+            y = F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=True,
+                                               enable_gqa=self.num_heads > self.num_kv_heads)
+            return self.out(merge_heads(y))
+        if is_causal:
+            allowed = _masks.combine(allowed, _masks.causal_mask(T, S, device=x.device))
+        if not need_weights:
             y = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, dropout_p=p,
-                                               is_causal=causal_fast, enable_gqa=n_rep > 1)
-        y = self.out(y.transpose(1, 2).reshape(B, T, self.d_model))  # (B, H, T, Dh) -> (B, T, D)
-        return (y, weights) if need_weights else y
+                                               enable_gqa=self.num_heads > self.num_kv_heads)
+            return self.out(merge_heads(y))  # (B, H, T, Dh) -> (B, T, D) -> W_o
+        if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
+            n_rep = self.num_heads // self.num_kv_heads  # the readable reference, autograd-friendly
+            y, weights = attention(q, repeat_kv(k, n_rep), repeat_kv(v, n_rep), allowed, dropout_p=p)
+        else:
+            y, weights = _attention_no_grad(q, k, v, allowed, p)
+        return self.out(merge_heads(y)), weights
 
     @classmethod
     def from_torch(cls, m: nn.MultiheadAttention) -> MultiHeadAttention:
