@@ -1,0 +1,201 @@
+"""A Llama-style decoder: pre-norm blocks of RMSNorm, rotary grouped-query attention and SwiGLU.
+
+    h = x + Attn(RMSNorm(x)),   out = h + SwiGLU(RMSNorm(h)),   logits = RMSNorm(out_L) W_vocab
+
+Attention is attnlib's MultiHeadAttention with H query heads and H_kv key/value heads (GQA) whose
+queries and keys are rotated by RoPE; a KVCache carries the keys and values of earlier tokens.
+`LlamaDecoder.from_hf(model)` copies a transformers LlamaForCausalLM's weights.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from attnlib import masks as _masks
+from attnlib._checks import fmt_shape, require_tensor
+from attnlib.kv_cache import KVCache, check_token_ids
+from attnlib.mha import MultiHeadAttention
+from attnlib.positional import RotaryEmbedding
+
+__all__ = ["RMSNorm", "SwiGLU", "LlamaBlock", "LlamaDecoder"]
+
+
+class RMSNorm(nn.Module):
+    """RMSNorm(x) = x / sqrt(mean(x²) + eps) · w over the last dim D: LayerNorm without the mean
+    and the bias. fp16/bf16 inputs are normalized in fp32 (as transformers' Llama does)."""
+
+    def __init__(self, d_model: int, eps: float = 1e-6) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(d_model))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """x (..., D) -> (..., D)."""
+        work = x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
+        normed = work * torch.rsqrt(work.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * normed.to(x.dtype)
+
+
+class SwiGLU(nn.Module):
+    """The gated feed-forward of Llama: SwiGLU(x) = W_down (silu(W_gate x) ⊙ W_up x), D -> F -> D."""
+
+    def __init__(self, d_model: int, d_ff: int, bias: bool = False) -> None:
+        super().__init__()
+        self.gate = nn.Linear(d_model, d_ff, bias=bias)
+        self.up = nn.Linear(d_model, d_ff, bias=bias)
+        self.down = nn.Linear(d_ff, d_model, bias=bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """x (..., D) -> (..., D) through the hidden width F."""
+        return self.down(F.silu(self.gate(x)) * self.up(x))
+
+
+class LlamaBlock(nn.Module):
+    """One pre-norm decoder block: x + Attn(RMSNorm(x)), then + SwiGLU(RMSNorm(·))."""
+
+    def __init__(self, d_model: int, num_heads: int, num_kv_heads: int, d_ff: int, *, layer_idx: int,
+                 rotary: RotaryEmbedding, eps: float, attention_bias: bool, mlp_bias: bool) -> None:
+        super().__init__()
+        self.attn_norm = RMSNorm(d_model, eps)
+        self.attn = MultiHeadAttention(d_model, num_heads, num_kv_heads, bias=attention_bias,
+                                       layer_idx=layer_idx, rotary=rotary)
+        self.mlp_norm = RMSNorm(d_model, eps)
+        self.mlp = SwiGLU(d_model, d_ff, mlp_bias)
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None, cache: KVCache | None,
+                positions: torch.Tensor) -> torch.Tensor:
+        """x (B, T, D) -> (B, T, D); causal attention over the cache and the T new tokens.
+
+        One new token may see every cached key, so its (bottom-right) causal mask is all True: skipped.
+        """
+        x = x + self.attn(self.attn_norm(x), mask=mask, is_causal=x.shape[1] > 1, cache=cache,
+                          positions=positions)
+        return x + self.mlp(self.mlp_norm(x))
+
+
+class LlamaDecoder(nn.Module):
+    """A decoder-only language model in Llama's layout: token ids (B, T) -> logits (B, T, vocab)."""
+
+    def __init__(self, vocab_size: int, d_model: int, num_layers: int, num_heads: int,
+                 num_kv_heads: int, d_ff: int, *, max_position_embeddings: int = 2048,
+                 rope_base: float = 10000.0, eps: float = 1e-6, attention_bias: bool = False,
+                 mlp_bias: bool = False) -> None:
+        super().__init__()
+        if num_heads < 1 or d_model % num_heads:  # checked here: RoPE needs Dh before the blocks exist
+            raise ValueError(f"d_model={d_model} is not divisible by num_heads={num_heads}: "
+                             f"each head gets Dh = d_model / num_heads")
+        self.max_position_embeddings = max_position_embeddings
+        self.rotary = RotaryEmbedding(d_model // num_heads, max_position_embeddings, rope_base)
+        self.embed = nn.Embedding(vocab_size, d_model)
+        self.blocks = nn.ModuleList(
+            LlamaBlock(d_model, num_heads, num_kv_heads, d_ff, layer_idx=i, rotary=self.rotary, eps=eps,
+                       attention_bias=attention_bias, mlp_bias=mlp_bias) for i in range(num_layers))
+        self.norm = RMSNorm(d_model, eps)
+        self.lm_head = nn.Linear(d_model, vocab_size, bias=False)
+
+    def _past_length(self, cache: KVCache | None, B: int) -> int:
+        """Positions already cached; a cache that belongs to another model or batch is an error."""
+        if cache is None:
+            return 0
+        if not isinstance(cache, KVCache):
+            raise TypeError(f"cache must be an attnlib.KVCache, got {type(cache).__name__}")
+        if len(cache) not in (0, len(self.blocks)):
+            raise ValueError(f"the cache holds {len(cache)} layers but this decoder has {len(self.blocks)}: "
+                             f"a cache belongs to one model; start a new KVCache()")
+        if len(cache) and cache.batch_size != B:
+            raise ValueError(f"the cache holds a batch of B={cache.batch_size} sequences, got input_ids "
+                             f"with B={B}: a cache belongs to one batch; start a new KVCache()")
+        if len({cache.get_seq_len(i) for i in range(len(cache))}) > 1:
+            raise ValueError("the cache's layers hold different lengths (an earlier call failed "
+                             "half-way); start a new KVCache()")
+        return cache.seq_len
+
+    def _positions(self, B: int, T: int, past: int, attention_mask: torch.Tensor | None,
+                   device: torch.device) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """positions (T,) or (B, T) of the new tokens and the padding mask (B, 1, 1, past + T) or None.
+
+        With an attention_mask, a token's position is the number of real tokens before it, so left
+        padding shifts nothing; padded slots get position 0 and are never attended to.
+        """
+        if attention_mask is None:
+            last, positions, mask = past + T - 1, torch.arange(past, past + T, device=device), None
+        else:
+            require_tensor(attention_mask, "attention_mask")
+            if tuple(attention_mask.shape) != (B, past + T):
+                raise ValueError(f"attention_mask of shape {fmt_shape(attention_mask.shape)} is not (B, "
+                                 f"T_total) = ({B}, {past + T}): {past} cached + {T} new tokens")
+            mask = _masks.from_hf(attention_mask)                      # (B, 1, 1, past + T)
+            count = mask[:, 0, 0].long().cumsum(dim=-1)                # real tokens up to each slot
+            positions = (count[:, past:] - 1).clamp(min=0)             # (B, T)
+            last = int(count[:, -1].max()) - 1
+        if last >= self.max_position_embeddings:
+            raise ValueError(f"position {last} is beyond max_position_embeddings="
+                             f"{self.max_position_embeddings}: {past} cached + {T} new tokens do not fit")
+        return positions, mask
+
+    def forward(self, input_ids: torch.Tensor, cache: KVCache | None = None, *,
+                attention_mask: torch.Tensor | None = None, last_only: bool = False) -> torch.Tensor:
+        """input_ids (B, T) -> logits (B, T, vocab) (or (B, 1, vocab) for the last token, last_only).
+
+        With a cache, the T tokens continue the cached ones (positions from cache.seq_len) and
+        their keys and values are appended. attention_mask (B, past + T), 1 = real token.
+        """
+        B, T = check_token_ids(input_ids).shape
+        lo, hi, V = int(input_ids.min()), int(input_ids.max()), self.embed.num_embeddings
+        if lo < 0 or hi >= V:
+            raise ValueError(f"input_ids holds token id {lo if lo < 0 else hi}, outside [0, vocab_size={V})")
+        past = self._past_length(cache, B)
+        positions, mask = self._positions(B, T, past, attention_mask, input_ids.device)
+        x = self.embed(input_ids)                                      # (B, T, D)
+        for block in self.blocks:
+            x = block(x, mask, cache, positions)
+        return self.lm_head(self.norm(x[:, -1:] if last_only else x))  # (B, T or 1, vocab)
+
+    @classmethod
+    def from_hf(cls, model: nn.Module) -> LlamaDecoder:
+        """A LlamaDecoder holding a copy of a transformers LlamaForCausalLM's weights (same dtype)."""
+        from transformers import LlamaForCausalLM
+
+        if not isinstance(model, LlamaForCausalLM):
+            raise TypeError(f"model must be a transformers LlamaForCausalLM, got {type(model).__name__}")
+        c = model.config
+        rope = dict(getattr(c, "rope_parameters", None) or {})
+        if rope.get("rope_type", "default") != "default" or c.hidden_act != "silu":
+            raise ValueError(f"only plain RoPE and SiLU are modelled, got rope_type="
+                             f"{rope.get('rope_type')!r}, hidden_act={c.hidden_act!r}")
+        head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
+        if c.hidden_size != c.num_attention_heads * head_dim:
+            raise ValueError(f"head_dim={head_dim} differs from hidden_size / num_attention_heads = "
+                             f"{c.hidden_size} / {c.num_attention_heads}: not modelled by attnlib")
+        ours = cls(c.vocab_size, c.hidden_size, c.num_hidden_layers, c.num_attention_heads,
+                   c.num_key_value_heads, c.intermediate_size,
+                   max_position_embeddings=c.max_position_embeddings,
+                   rope_base=rope.get("rope_theta", 10000.0), eps=c.rms_norm_eps,
+                   attention_bias=c.attention_bias, mlp_bias=c.mlp_bias)
+        theirs = model.state_dict()
+        ours.to(device=theirs["lm_head.weight"].device, dtype=theirs["lm_head.weight"].dtype)
+        with torch.no_grad():
+            for name, param in ours.named_parameters():
+                param.copy_(_hf_tensor(theirs, name))
+        return ours.eval()
+
+
+_HF_NAMES = {"attn_norm": "input_layernorm", "mlp_norm": "post_attention_layernorm",
+             "attn.out": "self_attn.o_proj", "mlp.gate": "mlp.gate_proj", "mlp.up": "mlp.up_proj",
+             "mlp.down": "mlp.down_proj"}
+
+
+def _hf_tensor(theirs: dict[str, torch.Tensor], name: str) -> torch.Tensor:
+    """The transformers tensor for our parameter `name`; qkv is [q_proj; k_proj; v_proj] stacked by rows."""
+    top = {"embed.weight": "model.embed_tokens.weight", "norm.weight": "model.norm.weight",
+           "lm_head.weight": "lm_head.weight"}
+    if name in top:
+        return theirs[top[name]]
+    _, i, rest = name.split(".", 2)                                    # blocks.<i>.<module>.<kind>
+    module, kind = rest.rsplit(".", 1)
+    prefix = f"model.layers.{i}."
+    if module == "attn.qkv":
+        return torch.cat([theirs[f"{prefix}self_attn.{p}_proj.{kind}"] for p in "qkv"])
+    return theirs[f"{prefix}{_HF_NAMES[module]}.{kind}"]
