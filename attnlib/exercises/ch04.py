@@ -1,0 +1,104 @@
+"""Checkers for chapter 4 (multi-head attention): split heads, merge heads, count the parameters."""
+
+from __future__ import annotations
+
+import numbers
+from collections.abc import Callable
+
+import torch
+
+from attnlib.exercises._core import CandidateError, checker, expect_close, run
+from attnlib.exercises.ch01 import reject_shape_mistakes
+from attnlib.mha import MultiHeadAttention, merge_heads, split_heads
+
+__all__ = ["check_split_heads", "check_merge_heads", "check_mha_param_count"]
+
+B, T, H, Dh = 2, 5, 3, 4  # all different, so that no axis can stand in for another
+D = H * Dh
+_VIEW_HINT = (". view() needs memory laid out in the new shape, and a transposed tensor is not: use "
+              "reshape(), or .contiguous().view()")
+
+
+def _run_tensor(fn: Callable, x: torch.Tensor, *args, what: str) -> object:
+    """Run the reader's fn on a copy of x; explain the classic view-after-transpose error."""
+    try:
+        return run(fn, x.clone(), *args, what=what)
+    except CandidateError as exc:
+        if "view size is not compatible" in str(exc):
+            raise CandidateError(f"{exc}{_VIEW_HINT}") from None
+        raise
+
+
+@checker("split heads")
+def check_split_heads(fn: Callable[[torch.Tensor, int], torch.Tensor]) -> str:
+    """fn(x, num_heads): x (B, T, D) -> (B, H, T, Dh), head h holding features h·Dh .. (h+1)·Dh - 1."""
+    x = torch.randn(B, T, D)
+    what = f"split_heads(x, num_heads={H}) with x of shape {(B, T, D)}"
+    got = reject_shape_mistakes(_run_tensor(fn, x, H, what=what), what, {
+        "(B, T, H, Dh): the width is cut into heads, but the heads are not moved before time "
+        "(.transpose(1, 2))": x.view(B, T, H, Dh),
+        "(B, H, Dh, T): the wrong axes were transposed; move heads before time, "
+        "(B, T, H, Dh).transpose(1, 2)": x.view(B, T, H, Dh).permute(0, 2, 3, 1),
+    })
+    expect_close(got, split_heads(x, H), what, mistakes={
+        "a view straight to (B, H, T, Dh) without the transpose: that cuts the sequence of tokens "
+        "into pieces instead of cutting each token's width; view as (B, T, H, Dh), then transpose(1, 2)":
+            x.reshape(B, H, T, Dh),
+        "interleaved heads: viewing as (B, T, Dh, H) gives head h every H-th feature instead of the "
+        "block h·Dh .. (h+1)·Dh - 1; view as (B, T, H, Dh)": x.view(B, T, Dh, H).permute(0, 3, 1, 2),
+    })
+    return f"(B, T, D) = {(B, T, D)} -> (B, H, T, Dh) = {(B, H, T, Dh)}, each head a block of Dh features"
+
+
+@checker("merge heads")
+def check_merge_heads(fn: Callable[[torch.Tensor], torch.Tensor]) -> str:
+    """fn(x): x (B, H, T, Dh) -> (B, T, H·Dh), the inverse of split_heads."""
+    x = torch.randn(B, H, T, Dh)
+    what = f"merge_heads(x) with x of shape {(B, H, T, Dh)}"
+    got = reject_shape_mistakes(_run_tensor(fn, x, what=what), what, {
+        "(B, T, H, Dh): the heads are moved back next to Dh but not flattened into one width D = H·Dh "
+        "(.reshape(B, T, D))": x.transpose(1, 2),
+    })
+    expect_close(got, merge_heads(x), what, mistakes={
+        "the classic bug, heads merged without transposing: x.reshape(B, T, D) on (B, H, T, Dh) has the "
+        "right shape but mixes tokens and heads; transpose(1, 2) to (B, T, H, Dh) first":
+            x.reshape(B, T, D),
+        "the wrong axes transposed: T and Dh were swapped instead of H and T": x.transpose(2, 3).reshape(B, T, D),
+        "interleaved heads: (Dh, H) was flattened instead of (H, Dh), so the features of the heads "
+        "alternate; transpose(1, 2), not permute(0, 2, 3, 1)": x.permute(0, 2, 3, 1).reshape(B, T, D),
+    })
+    return f"(B, H, T, Dh) = {(B, H, T, Dh)} -> (B, T, D) = {(B, T, D)}, and merge(split(x)) == x"
+
+
+def _param_mistakes(d: int, h: int, kv: int, bias: bool) -> dict[str, int]:
+    """Wrong parameter counts readers write, by name, for MultiHeadAttention(d, h, kv, bias=bias)."""
+    dh = d // h
+    b = int(bias)
+    return {
+        "the biases are missing: each projection has one bias per output feature": d * (d + 2 * kv * dh) + d * d,
+        "the output projection W_o (D x D, plus its bias) is missing": (d + b) * (d + 2 * kv * dh),
+        "K and V counted as D x D each, as in MHA: with H_kv key/value heads W_k and W_v are "
+        "D x (H_kv·Dh)": 4 * d * d + 4 * b * d,
+        "W_k and W_v counted as D x (H_kv·D) instead of D x (H_kv·Dh)":
+            d * (d + 2 * kv * d) + d * d + b * (2 * d + 2 * kv * d),
+        "one D x D matrix per head: a head's W_q is D x Dh, not D x D": (h + 2 * kv + 1) * (d * d + b * d),
+    }
+
+
+@checker("count the parameters")
+def check_mha_param_count(fn: Callable[[int, int, int, bool], int]) -> str:
+    """fn(d_model, num_heads, num_kv_heads, bias) = parameters of MultiHeadAttention(d_model, num_heads, num_kv_heads, bias=bias)."""
+    cases = [(512, 8, 8, True), (512, 8, 2, True), (96, 4, 1, False), (768, 12, 4, True)]
+    for d, h, kv, bias in cases:
+        what = f"param_count(d_model={d}, num_heads={h}, num_kv_heads={kv}, bias={bias})"
+        got = run(fn, d, h, kv, bias, what=what)
+        if isinstance(got, torch.Tensor) and got.numel() == 1:
+            got = got.item()
+        if not isinstance(got, numbers.Real) or isinstance(got, bool) or got != int(got):
+            raise CandidateError(f"{what} should return a whole number, got {got!r}")
+        want = sum(p.numel() for p in MultiHeadAttention(d, h, kv, bias=bias).parameters())
+        if got != want:
+            found = [name for name, n in _param_mistakes(d, h, kv, bias).items() if n == got]
+            reason = f": it matches {' and '.join(found)}" if found else ", and it matches none of the usual mistakes"
+            raise CandidateError(f"{what} returned {int(got):,}, expected {want:,}{reason}")
+    return "equals the parameter count of attnlib.MultiHeadAttention for MHA, GQA and MQA, with and without biases"
