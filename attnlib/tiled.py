@@ -1,0 +1,185 @@
+"""Tiled attention with an online softmax (the FlashAttention algorithm), in plain PyTorch.
+
+Softmax needs a whole row of scores, yet attention can be computed one tile of keys at a time:
+keep, for each query, the running max m, the running sum l = Σ_j exp(s_j - m) and the running
+unnormalized output acc = Σ_j exp(s_j - m) v_j; when a later tile raises the max to m', multiply
+l and acc by exp(m - m'). At the end out = acc / l. Only a (T_tile, S_tile) block of scores ever
+exists, never the (T, S) matrix.
+
+Shapes as in attnlib.attention: q (..., T, Dh), k (..., S, Dh), v (..., S, Dv) → out (..., T, Dv).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterator
+
+import torch
+from torch.autograd import DeviceType
+from torch.profiler import ProfilerActivity, profile
+
+from attnlib.attention import _check_qkv
+from attnlib.masks import check_mask
+
+__all__ = ["tiled_attention", "tile_kind", "peak_memory", "QUERY_BLOCK"]
+
+QUERY_BLOCK = 512  # queries per tile: each key tile loaded is then used by this many queries
+_LOG2E = math.log2(math.e)  # exp(x) = 2^(x·log2 e); exp2 stays fast on -inf scores, exp does not
+_NEG_INF = float("-inf")
+
+
+def tile_kind(i0: int, i1: int, j0: int, j1: int, offset: int) -> str:
+    """Classify the tile of queries [i0, i1) × keys [j0, j1) under a bottom-right causal mask.
+
+    Query i may see key j iff j <= i + offset, offset = S - T. Returns 'skip' (no query sees any
+    key: the tile is never computed), 'full' (every query sees every key: no mask needed) or
+    'partial' (the mask must be applied inside the tile).
+    """
+    if j0 > i1 - 1 + offset:  # even the last query sees none of the keys
+        return "skip"
+    if j1 - 1 <= i0 + offset:  # even the first query sees all of the keys
+        return "full"
+    return "partial"
+
+
+def _tile_mask(mask: torch.Tensor | None, offset: int | None,
+               i0: int, i1: int, j0: int, j1: int) -> tuple[bool, torch.Tensor | None]:
+    """(skip, allowed) for one tile: skip if nothing in it may be attended; `allowed` is the
+    tile's bool mask, broadcastable to (..., i1 - i0, j1 - j0), or None when all is allowed."""
+    kind = "full" if offset is None else tile_kind(i0, i1, j0, j1, offset)
+    if kind == "skip":
+        return True, None
+    allowed = None
+    if kind == "partial":
+        i = torch.arange(i0, i1, device=mask.device if mask is not None else None)
+        allowed = torch.arange(j0, j1, device=i.device) <= i[:, None] + offset  # (tq, tk)
+    if mask is not None:  # mask: (..., T or 1, S or 1), sliced only along its non-1 dims
+        tile = mask[..., slice(i0, i1) if mask.shape[-2] > 1 else slice(None),
+                    slice(j0, j1) if mask.shape[-1] > 1 else slice(None)]
+        if not bool(tile.all()):
+            allowed = tile if allowed is None else tile & allowed
+    if allowed is not None and not bool(allowed.any()):
+        return True, None
+    return False, allowed
+
+
+def _key_tiles(mask, offset, i0, i1, S, block_size) -> Iterator[tuple[int, int, torch.Tensor | None]]:
+    """The key tiles (j0, j1, allowed) that queries [i0, i1) must visit; wholly masked ones are skipped."""
+    for j0 in range(0, S, block_size):
+        j1 = min(j0 + block_size, S)
+        skip, allowed = _tile_mask(mask, offset, i0, i1, j0, j1)
+        if not skip:
+            yield j0, j1, allowed
+
+
+def _online_softmax_rows(qs: torch.Tensor, k3: torch.Tensor, v3: torch.Tensor, tiles, batch: torch.Size,
+                         out_rows: torch.Tensor, scores_buf: torch.Tensor, acc: torch.Tensor,
+                         m: torch.Tensor, l: torch.Tensor) -> None:
+    """Attend queries qs (N, tq, Dh), pre-scaled by scale·log2 e, to k3 (N, S, Dh), v3 (N, S, Dv)
+    one key tile at a time; write the result into out_rows (N, tq, Dv).
+
+    Per tile: s = qs kᵀ (+ 0/-inf bias), m' = max(m, rowmax s), p = 2^(s - m'),
+    l = l·2^(m - m') + Σ p, acc = acc·2^(m - m') + p v. Workspaces are reused, not reallocated.
+    """
+    N, tq, _ = qs.shape
+    m.fill_(_NEG_INF)
+    l.zero_()
+    acc.zero_()
+    for j0, j1, allowed in tiles:
+        tk = j1 - j0
+        s = scores_buf[: N * tq * tk].view(N, tq, tk)  # a contiguous (N, tq, tk) tile
+        torch.bmm(qs, k3[:, j0:j1].transpose(1, 2), out=s)  # (N, tq, Dh) @ (N, Dh, tk)
+        if allowed is not None:
+            bias = torch.zeros(allowed.shape, dtype=s.dtype, device=s.device).masked_fill_(~allowed, _NEG_INF)
+            s.view(*batch, tq, tk).add_(bias)  # adding 0/-inf is far cheaper than masked_fill_ on s
+        m_new = torch.maximum(m, s.amax(dim=-1))  # (N, tq)
+        m_safe = m_new.masked_fill(m_new == _NEG_INF, 0.0)  # rows that have seen no key yet
+        alpha = torch.exp2(m - m_safe)  # (N, tq): rescales what was summed under the old max
+        s.sub_(m_safe.unsqueeze(-1)).exp2_()  # p = 2^(s - m'), in place
+        l.mul_(alpha).add_(s.sum(dim=-1))
+        acc.mul_(alpha.unsqueeze(-1)).baddbmm_(s, v3[:, j0:j1])  # (N, tq, tk) @ (N, tk, Dv)
+        m.copy_(m_new)
+    torch.div(acc, l.masked_fill(l == 0, 1.0).unsqueeze(-1), out=out_rows)  # empty rows: 0 / 1 = 0
+
+
+def _flat(x: torch.Tensor, batch: torch.Size, dtype: torch.dtype) -> torch.Tensor:
+    """(..., L, d) → (N, L, d) with N = prod(batch), broadcasting the leading dims (a view if it can)."""
+    return x.to(dtype).expand(*batch, *x.shape[-2:]).reshape(math.prod(batch), *x.shape[-2:])
+
+
+def _check_args(q, k, v, mask, block_size) -> torch.Size:
+    """Validate everything as attnlib.attention does; return the broadcast leading dims."""
+    _check_qkv(q, k, v)
+    if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1:
+        raise ValueError(f"block_size must be a positive int (keys per tile), got {block_size!r}")
+    if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
+        raise ValueError("tiled_attention is forward-only (it has no backward pass): call it under "
+                         "torch.no_grad() or torch.inference_mode(), or use attnlib.attention to train")
+    batch = torch.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2])
+    if mask is not None:
+        check_mask(mask, (*batch, q.shape[-2], k.shape[-2]))
+    return batch
+
+
+def tiled_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    mask: torch.Tensor | None = None,
+    *,
+    is_causal: bool = False,
+    scale: float | None = None,
+    block_size: int = 128,
+) -> torch.Tensor:
+    """softmax(q kᵀ · scale + mask) v, computed in tiles of QUERY_BLOCK queries × block_size keys.
+
+    Same arguments and result as attnlib.attention (without the weights): q (..., T, Dh),
+    k (..., S, Dh), v (..., S, Dv) → out (..., T, Dv); mask bool, broadcastable to (..., T, S),
+    True = may attend; is_causal is bottom-right (query i sees keys j <= i + S - T) and ANDed with
+    mask; scale defaults to 1/sqrt(Dh). Tiles in which nothing may be attended are skipped; a query
+    with nothing to attend to gets zeros. fp16/bf16 are computed in fp32. Forward only (no autograd).
+    """
+    batch = _check_args(q, k, v, mask, block_size)
+    T, S, Dv = q.shape[-2], k.shape[-2], v.shape[-1]
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+    work = torch.float32 if q.dtype in (torch.float16, torch.bfloat16) else q.dtype
+    q3, k3, v3 = (_flat(t, batch, work) for t in (q, k, v))  # (N, T, Dh), (N, S, Dh), (N, S, Dv)
+    if mask is not None:  # give it all the dims of the scores: (..., T or 1, S or 1)
+        mask = mask.reshape((1,) * (len(batch) + 2 - mask.dim()) + tuple(mask.shape))
+    offset = S - T if is_causal else None
+    N, Dh = q3.shape[0], q3.shape[-1]
+    tq, tk = max(1, min(QUERY_BLOCK, T)), max(1, min(block_size, S))
+    ws = dict(dtype=work, device=q.device)
+    out = torch.empty(N, T, Dv, **ws)  # (N, T, Dv)
+    # Workspaces allocated once per call; each tile uses a contiguous view of their front.
+    scores_buf, acc_buf, qs_buf = (torch.empty(N * tq * d, **ws) for d in (tk, Dv, Dh))
+    ml_buf = torch.empty(2, N * tq, **ws)
+    with torch.no_grad():
+        for i0 in range(0, T, tq):
+            n = min(tq, T - i0)
+            qs = torch.mul(q3[:, i0:i0 + n], scale * _LOG2E, out=qs_buf[: N * n * Dh].view(N, n, Dh))
+            m, l = ml_buf[:, : N * n].view(2, N, n).unbind(0)  # running max and sum, (N, n) each
+            _online_softmax_rows(qs, k3, v3, _key_tiles(mask, offset, i0, i0 + n, S, tk), batch,
+                                 out[:, i0:i0 + n], scores_buf, acc_buf[: N * n * Dv].view(N, n, Dv), m, l)
+    return out.reshape(*batch, T, Dv).to(q.dtype)
+
+
+def peak_memory(fn: Callable[[], object]) -> int:
+    """Peak bytes of CPU tensor memory held while fn() runs, above what was allocated before it.
+
+    Measured, not computed: torch.profiler(profile_memory=True) records every allocation and free
+    made through torch's CPU allocator, with its size and time. The running sum of those sizes in
+    time order is what fn holds at each moment; its maximum is the peak. fn's result is still
+    alive when fn returns, so it is counted; the inputs, allocated before, are not.
+    """
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        result = fn()
+    del result
+    cpu = (DeviceType.CPU, DeviceType.MKLDNN, DeviceType.IDEEP)
+    events = sorted((e for e in prof.profiler.kineto_results.events()
+                     if e.name() == "[memory]" and e.device_type() in cpu), key=lambda e: e.start_ns())
+    live = peak = 0
+    for e in events:  # nbytes > 0 for an allocation, < 0 for a free
+        live += e.nbytes()
+        peak = max(peak, live)
+    return peak
