@@ -2,16 +2,27 @@
 
 At decode step t, the keys and values of positions 0..t-1 do not change, so each attention layer
 stores them once and appends the new token's (k, v). The cache holds H_kv heads per layer, never
-repeated to H: that is grouped-query attention's memory saving.
+repeated to H: that is grouped-query attention's memory saving. `generate` is the greedy decode
+loop that uses it (or, with use_cache=False, recomputes the whole sequence at every step).
 """
 
 from __future__ import annotations
 
 import torch
 
-from attnlib._checks import fmt_shape, require_float_tensor
+from attnlib import masks as _masks
+from attnlib._checks import fmt_shape, require_float_tensor, require_tensor
 
-__all__ = ["KVCache"]
+__all__ = ["KVCache", "cache_bytes", "generate"]
+
+
+def cache_bytes(num_layers: int, num_kv_heads: int, head_dim: int, seq_len: int, *,
+                batch_size: int = 1, bytes_per_element: int = 2) -> int:
+    """Bytes a KV cache holds: 2 (K and V) · layers · B · H_kv · seq_len · Dh · bytes per element.
+
+    bytes_per_element is 2 for fp16/bf16, 4 for fp32. For MHA, num_kv_heads = num_heads.
+    """
+    return 2 * num_layers * batch_size * num_kv_heads * seq_len * head_dim * bytes_per_element
 
 
 class KVCache:
@@ -29,6 +40,17 @@ class KVCache:
     def __len__(self) -> int:
         """The number of layers filled."""
         return len(self._len)
+
+    @property
+    def batch_size(self) -> int | None:
+        """B of the cached sequences (None for an empty cache)."""
+        return self._k[0].shape[0] if self._k else None
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the keys and values cached so far (the filled part of the buffers)."""
+        return sum((k.shape[0] * k.shape[1] * (k.shape[3] + v.shape[3]) * n) * k.element_size()
+                   for k, v, n in zip(self._k, self._v, self._len))
 
     @property
     def seq_len(self) -> int:
@@ -52,6 +74,9 @@ class KVCache:
                              f"got {layer_idx!r}")
         if layer_idx < len(self):
             held = self._k[layer_idx]
+            if k.dtype != held.dtype or v.dtype != held.dtype:
+                raise TypeError(f"the cache of layer {layer_idx} holds {held.dtype}, got k {k.dtype} and "
+                                f"v {v.dtype}: a cache belongs to one model; start a new KVCache()")
             if (k.shape[0], k.shape[1], k.shape[3]) != (held.shape[0], held.shape[1], held.shape[3]) \
                     or v.shape[3] != self._v[layer_idx].shape[3]:
                 raise ValueError(
@@ -90,3 +115,51 @@ class KVCache:
             return "KVCache(empty)"
         B, H_kv, _, Dh = self._k[0].shape
         return f"KVCache(layers={len(self)}, seq_len={self.seq_len}, B={B}, H_kv={H_kv}, Dh={Dh})"
+
+
+def check_token_ids(input_ids: object) -> torch.Tensor:
+    """Return input_ids if it is a (B, T) integer tensor with T >= 1, else raise ValueError."""
+    require_tensor(input_ids, "input_ids")
+    if input_ids.dim() != 2 or input_ids.shape[1] < 1 or input_ids.is_floating_point() \
+            or input_ids.dtype == torch.bool:
+        raise ValueError(f"input_ids of shape {fmt_shape(input_ids.shape)} and dtype {input_ids.dtype} "
+                         f"is not (B, T) integer token ids with T >= 1")
+    return input_ids
+
+
+@torch.inference_mode()
+def generate(decoder: torch.nn.Module, input_ids: torch.Tensor, max_new_tokens: int, *,
+             use_cache: bool = True, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+    """Greedy decoding: append argmax(logits of the last token) max_new_tokens times.
+
+    input_ids (B, T) -> (B, T + max_new_tokens). With use_cache, the prompt is run once (prefill)
+    and each later step feeds one token, attending to the cached keys and values; without it, the
+    whole sequence is re-run at every step (the baseline). attention_mask (B, T), 1 = real token,
+    allows a left-padded batch; the generated tokens are all real.
+    """
+    check_token_ids(input_ids)
+    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 0:
+        raise ValueError(f"max_new_tokens must be an int >= 0, got {max_new_tokens!r}")
+    B, T = input_ids.shape
+    out = input_ids.new_empty(B, T + max_new_tokens)      # (B, T + new): the prompt, then the new tokens
+    out[:, :T] = input_ids
+    mask = None
+    if attention_mask is not None:
+        real = _masks.from_hf(attention_mask)[:, 0, 0]      # (B, T) bool; checks dtype and values
+        if tuple(real.shape) != (B, T):
+            raise ValueError(f"attention_mask of shape {fmt_shape(real.shape)} is not (B, T) = "
+                             f"({B}, {T}), the shape of input_ids")
+        mask = torch.ones_like(out, dtype=torch.bool)       # (B, T + new): new tokens are real
+        mask[:, :T] = real
+    longest = T if mask is None else int(mask[:, :T].sum(dim=1).max())
+    limit = getattr(decoder, "max_position_embeddings", None)
+    if limit is not None and longest + max_new_tokens > limit:
+        raise ValueError(f"{longest} prompt tokens + max_new_tokens={max_new_tokens} = "
+                         f"{longest + max_new_tokens} positions are beyond max_position_embeddings={limit}")
+    cache, fed = (KVCache() if use_cache else None), 0
+    for t in range(T, T + max_new_tokens):
+        logits = decoder(out[:, fed:t], cache, attention_mask=None if mask is None else mask[:, :t],
+                         last_only=True)                    # (B, 1, vocab)
+        out[:, t] = logits[:, -1].argmax(dim=-1)
+        fed = t if use_cache else 0
+    return out
