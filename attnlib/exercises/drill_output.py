@@ -1,0 +1,84 @@
+"""The interview drill's output checks: what the reader's forward returned, and what it should have.
+
+forward returns out (B, T, D), or (out, weights) with weights (B, H, T, S); anything else gets a
+message that says what came back and, for the shapes readers often return by mistake, why.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from attnlib._checks import fmt_shape
+from attnlib.exercises._core import CandidateError, as_tensor, matching
+
+__all__ = ["unpack", "check_weights"]
+
+
+def _shape(value: object) -> tuple[int, ...] | None:
+    return tuple(value.shape) if isinstance(value, torch.Tensor) else None
+
+
+def _shape_mistakes(B: int, T: int, S: int, D: int, H: int) -> dict[tuple[int, ...], str]:
+    """Shapes readers return instead of (B, T, D), with what each one means."""
+    Dh = D // H
+    known = {(B, H, T, Dh): "(B, H, T, Dh): the heads were never merged back; transpose to (B, T, H, Dh), "
+                            "then reshape to (B, T, D)",
+             (B, T, H, Dh): "(B, T, H, Dh): the heads were never merged back; reshape to (B, T, D)",
+             (B, H, T, S): "(B, H, T, S): the attention weights, not the output",
+             (T, B, D): "(T, B, D): batch and time are swapped; the drill is batch-first"}
+    if S != T:
+        known[(B, S, D)] = "(B, S, D): one output per key; the queries, and so the outputs, come from x"
+    return known
+
+
+def unpack(value: object, call: str, x: torch.Tensor, S: int, num_heads: int,
+           need_weights: bool) -> tuple[torch.Tensor, object]:
+    """(out, weights or None) from what forward returned; CandidateError if it is not out (B, T, D) [, weights]."""
+    B, T, D = x.shape
+    if value is None:
+        raise CandidateError(f"{call} returned None: is the `return` missing at the end of forward?")
+    weights = None
+    if isinstance(value, (tuple, list)):
+        if len(value) != 2:
+            raise CandidateError(f"{call} returned a {type(value).__name__} of {len(value)} items: "
+                                 f"return out (B, T, D), or (out, weights)")
+        if _shape(value[0]) == (B, num_heads, T, S) and _shape(value[1]) == (B, T, D):
+            raise CandidateError(f"{call} returned (weights, out): return (out, weights)")
+        value, weights = value
+    elif need_weights:
+        raise CandidateError(f"{call} returned only out: this exercise returns (out, weights), "
+                             f"weights (B, H, T, S) = {fmt_shape((B, num_heads, T, S))}")
+    out = as_tensor(value, f"the output of {call}")
+    if out.shape != x.shape:
+        meaning = _shape_mistakes(B, T, S, D, num_heads).get(tuple(out.shape))
+        raise CandidateError(f"the output of {call} has shape {fmt_shape(out.shape)}"
+                             + (f" = {meaning}" if meaning else "") + f"; expected (B, T, D) = {fmt_shape(x.shape)}")
+    if out.dtype != x.dtype:
+        raise CandidateError(f"the output of {call} has dtype {out.dtype}; it should keep the dtype of x, {x.dtype}")
+    if torch.is_grad_enabled() and not out.requires_grad:
+        raise CandidateError(f"the output of {call} is cut off from autograd (torch.no_grad(), .detach(), .data "
+                             f"or numpy inside forward), so training could never update W_q, W_k, W_v, W_o")
+    return out, weights
+
+
+def check_weights(weights: object, expected: torch.Tensor, call: str, need_weights: bool) -> bool:
+    """Check the weights the reader returned against `expected` (B, H, T, S); True if they were checked.
+
+    In the drill, weights of another shape (torch's head average (B, T, S), say) are not checked;
+    in the exercise that asks for them, they must be the per-head probabilities applied to v.
+    """
+    if weights is None or (not need_weights and _shape(weights) != tuple(expected.shape)):
+        return False
+    B, H, T, S = expected.shape
+    w = as_tensor(weights, f"the weights returned by {call}")
+    if w.shape != expected.shape:
+        hint = {(B, T, S): ": averaged over the heads; return each head's weights",
+                (B, T, H, S): ": return them as (B, H, T, S)"}.get(tuple(w.shape), "")
+        raise CandidateError(f"the weights returned by {call} have shape {fmt_shape(w.shape)}{hint}; "
+                             f"expected (B, H, T, S) = {fmt_shape(expected.shape)}")
+    if not matching(w, {"expected": expected}):
+        hint = ("" if matching(w.sum(-1), {"sums": expected.sum(-1)}) else
+                " (their rows do not sum to 1: the scores before the softmax?)")
+        raise CandidateError(f"the weights returned by {call} are not the probabilities applied to v, "
+                             f"softmax(Q Kᵀ / sqrt(d_k)) with the mask, per head{hint}")
+    return True

@@ -1,0 +1,428 @@
+"""The interview drill's checkers (chapter 10): correct answers pass, each classic mistake is named.
+
+Every buggy candidate is the correct `Separate` class with one step (or two) changed, so that each
+test shows exactly which mistake the checker must find.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from attnlib.exercises import (check_causal_multi_head_attention, check_cross_attention,
+                               check_multi_head_attention, check_multi_head_weights)
+from attnlib.exercises.drill_mistakes import MISTAKES, describe
+
+
+class Separate(nn.Module):
+    """A correct answer with separate projections, each step a method that a bug can replace."""
+
+    def __init__(self, d_model: int, num_heads: int) -> None:
+        super().__init__()
+        self.h, self.d_k = num_heads, d_model // num_heads
+        self.W_q, self.W_k, self.W_v, self.W_o = (nn.Linear(d_model, d_model) for _ in range(4))
+
+    def split(self, t):  # (B, T, D) -> (B, H, T, Dh)
+        B, T, _ = t.shape
+        return t.view(B, T, self.h, self.d_k).transpose(1, 2)
+
+    def merge(self, o):  # (B, H, T, Dh) -> (B, T, D)
+        B, _, T, _ = o.shape
+        return o.transpose(1, 2).reshape(B, T, self.h * self.d_k)
+
+    def scores(self, q, k):  # (B, H, T, Dh), (B, H, S, Dh) -> (B, H, T, S)
+        return q @ k.transpose(-2, -1) / math.sqrt(self.d_k)
+
+    def masked(self, s, mask):
+        return s if mask is None else s.masked_fill(~mask, float("-inf"))
+
+    def probs(self, s):
+        return torch.softmax(s, dim=-1)
+
+    def output(self, o):
+        return self.W_o(o)
+
+    def forward(self, x, mask=None):
+        q, k, v = (self.split(W(x)) for W in (self.W_q, self.W_k, self.W_v))
+        return self.output(self.merge(self.probs(self.masked(self.scores(q, k), mask)) @ v))
+
+
+class Fused(nn.Module):
+    """A correct answer with one fused projection [q | k | v] and PyTorch's SDPA."""
+
+    def __init__(self, d_model: int, num_heads: int) -> None:
+        super().__init__()
+        self.h, self.d_k = num_heads, d_model // num_heads
+        self.W_qkv, self.W_o = nn.Linear(d_model, 3 * d_model), nn.Linear(d_model, d_model)
+
+    def forward(self, x, mask=None):
+        B, T, D = x.shape
+        q, k, v = self.W_qkv(x).view(B, T, 3, self.h, self.d_k).permute(2, 0, 3, 1, 4)  # 3 x (B, H, T, Dh)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)  # (B, H, T, Dh)
+        return self.W_o(out.transpose(1, 2).reshape(B, T, D))
+
+
+class Einsum(Separate):
+    """A correct answer with einsum: no transposes, -1e9 fill, returns (out, weights)."""
+
+    def forward(self, x, mask=None):
+        B, T, D = x.shape
+        q, k, v = (W(x).view(B, T, self.h, self.d_k) for W in (self.W_q, self.W_k, self.W_v))  # (B, T, H, Dh)
+        s = torch.einsum("bthd,bshd->bhts", q, k) / self.d_k ** 0.5  # (B, H, T, S)
+        if mask is not None:
+            s = s.masked_fill(mask == 0, -1e9)
+        w = s.softmax(dim=-1)
+        return self.W_o(torch.einsum("bhts,bshd->bthd", w, v).reshape(B, T, D)), w
+
+
+def assert_fails_naming(result, words):
+    """The check failed after an attempt, and its message contains every one of `words`."""
+    assert not result.passed and result.attempted, result.message
+    for word in words:
+        assert word in result.message, (word, result.message)
+
+
+def bug(base=Separate, **methods):
+    """`base` with some methods replaced: one class per mistake."""
+    return type(f"Buggy{base.__name__}", (base,), methods)
+
+
+def _unscaled(self, q, k):
+    return q @ k.transpose(-2, -1)
+
+
+def _inverted(self, s, mask):
+    return s if mask is None else s.masked_fill(mask, float("-inf"))
+
+
+def _no_transpose_split(self, t):
+    B, T, _ = t.shape
+    return t.view(B, self.h, T, self.d_k)
+
+
+def _no_transpose_merge(self, o):
+    B, _, T, _ = o.shape
+    return o.reshape(B, T, -1)
+
+
+def _view_after_transpose(self, o):
+    B, _, T, _ = o.shape
+    return o.transpose(1, 2).view(B, T, -1)
+
+
+def _after_softmax_forward(self, x, mask=None):
+    q, k, v = (self.split(W(x)) for W in (self.W_q, self.W_k, self.W_v))
+    w = torch.softmax(self.scores(q, k), dim=-1)
+    return self.W_o(self.merge((w if mask is None else w * mask) @ v))
+
+
+def _float_mask(self, x, mask=None):  # SDPA adds a float attn_mask to the scores
+    return Fused.forward(self, x, None if mask is None else mask.float())
+
+
+def _per_head_fused(self, x, mask=None):
+    B, T, D = x.shape
+    q, k, v = self.W_qkv(x).view(B, T, self.h, 3, self.d_k).permute(3, 0, 2, 1, 4)  # 3 x (B, H, T, Dh)
+    return self.W_o(F.scaled_dot_product_attention(q, k, v, attn_mask=mask).transpose(1, 2).reshape(B, T, D))
+
+
+class Renamed(Separate):
+    def __init__(self, d_model, num_heads):
+        super().__init__(d_model, num_heads)
+        self.q_proj, self.k_proj, self.v_proj, self.out_proj = self.W_q, self.W_k, self.W_v, self.W_o
+        del self.W_q, self.W_k, self.W_v, self.W_o
+
+    def forward(self, x, mask=None):
+        q, k, v = (self.split(W(x)) for W in (self.q_proj, self.k_proj, self.v_proj))
+        return self.out_proj(self.merge(self.probs(self.masked(self.scores(q, k), mask)) @ v))
+
+
+class NoWo(Separate):
+    def __init__(self, d_model, num_heads):
+        super().__init__(d_model, num_heads)
+        del self.W_o
+
+    output = lambda self, o: o  # noqa: E731
+
+
+# (candidate, words the message must contain): each a classic mistake, or two at once
+BUGGY = {
+    "no scale": (bug(scores=_unscaled), ["a known mistake", "no scale"]),
+    "scale sqrt(d_model)": (bug(scores=lambda self, q, k: q @ k.transpose(-2, -1) / math.sqrt(self.h * self.d_k)),
+                            ["divided by sqrt(d_model) = sqrt(12) instead of sqrt(d_k)"]),
+    "scale d_k": (bug(scores=lambda self, q, k: q @ k.transpose(-2, -1) / self.d_k), ["divided by d_k = 4"]),
+    "scale multiplied": (bug(scores=lambda self, q, k: q @ k.transpose(-2, -1) * math.sqrt(self.d_k)),
+                         ["multiplied by sqrt(d_k) instead of divided by it"]),
+    "scores K Qᵀ": (bug(scores=lambda self, q, k: k @ q.transpose(-2, -1) / math.sqrt(self.d_k)),
+                    ["the scores transposed: K Qᵀ"]),
+    "softmax over queries": (bug(probs=lambda self, s: torch.softmax(s, dim=-2)), ["over the queries (dim=-2)"]),
+    "softmax over heads": (bug(probs=lambda self, s: torch.softmax(s, dim=1)), ["over the heads (dim=1)"]),
+    "split without transpose": (bug(split=_no_transpose_split), ["heads split without the transpose"]),
+    "merge without transpose": (bug(merge=_no_transpose_merge), ["heads merged without the transpose"]),
+    "inverted mask": (bug(masked=_inverted), ["is right, but", "an inverted mask"]),
+    "mask ignored": (bug(masked=lambda self, s, mask: s), ["the mask is ignored"]),
+    "mask filled with 0": (bug(masked=lambda self, s, m: s if m is None else s.masked_fill(~m, 0.0)),
+                           ["masked scores set to 0 instead of -inf"]),
+    "a 0/1 float mask to SDPA": (bug(Fused, forward=_float_mask), ["the bool mask added to the scores as numbers"]),
+    "mask after softmax": (bug(forward=_after_softmax_forward), ["the mask applied after the softmax"]),
+    "W_o unused": (bug(output=lambda self, o: o), ["no output projection"]),
+    "no W_o": (NoWo, ["no output projection: found W_q, W_k, W_v but no W_o"]),
+    "heads not merged": (bug(merge=lambda self, o: o, output=lambda self, o: o),
+                         ["shape (2, 3, 5, 4) = (B, H, T, Dh)", "never merged back", "expected (B, T, D) = (2, 5, 12)"]),
+    "view after transpose": (bug(merge=_view_after_transpose),
+                             ["raised RuntimeError", "at line", "return o.transpose(1, 2).view(B, T, -1)",
+                              "use .reshape"]),
+    "other names": (Renamed, ["expects linear layers named W_q, W_k, W_v, W_o", "W_qkv, W_o",
+                              "found q_proj = Linear(12 → 12)", "out_proj"]),
+    "dropout left on": (bug(probs=lambda self, s: F.dropout(torch.softmax(s, -1), 0.5)),
+                        ["two different outputs", "eval() mode", "dropout"]),
+    "no scale + inverted mask": (bug(scores=_unscaled, masked=_inverted),
+                                 ["two mistakes at once", "no scale", "an inverted mask"]),
+    "split and merge without transpose": (bug(split=_no_transpose_split, merge=_no_transpose_merge),
+                                          ["two mistakes at once", "split without", "merged without"]),
+    "sqrt(d_model) + softmax over queries": (
+        bug(scores=lambda self, q, k: q @ k.transpose(-2, -1) / math.sqrt(self.h * self.d_k),
+            probs=lambda self, s: torch.softmax(s, dim=-2)),
+        ["two mistakes at once", "sqrt(d_model)", "over the queries"]),
+    "fused split per head": (bug(Fused, forward=_per_head_fused), ["per head as (H, 3, Dh)"]),
+}
+
+
+@pytest.mark.parametrize("name", list(BUGGY))
+def test_buggy_candidate_fails_and_the_mistake_is_named(name):
+    candidate, words = BUGGY[name]
+    assert_fails_naming(check_multi_head_attention(candidate), words)
+
+
+@pytest.mark.parametrize("candidate", [Separate, Fused, Einsum], ids=["separate", "fused", "einsum"])
+def test_correct_answers_pass(candidate):
+    result = check_multi_head_attention(candidate)
+    assert result.passed, result.message
+
+
+def test_the_catalog_covers_every_known_mistake_in_the_drill():
+    """Each mistake the drill can show (not the exercises' causal and cross ones) is named by a candidate above."""
+    assert len(BUGGY) >= 12
+    for mistake in (m for m in MISTAKES if m.needs not in ("causal", "cross")):
+        text = describe((mistake,), 12, 3)
+        assert any(word in text for _, words in BUGGY.values() for word in words), text
+    for mistake in (m for m in MISTAKES if m.needs in ("causal", "cross")):
+        text = describe((mistake,), 12, 3)
+        assert any(word in text for _, _, words in EXERCISES.values() for word in words), text
+
+
+def test_a_nan_from_a_wrong_axis_is_still_named():
+    """softmax over the queries with a -1e9 fill: fully masked columns become uniform, not NaN or 0."""
+    result = check_multi_head_attention(bug(Einsum, forward=_einsum_axis))
+    assert not result.passed and "over the queries (dim=-2)" in result.message, result.message
+
+
+def _einsum_axis(self, x, mask):
+    B, T, D = x.shape
+    q, k, v = (W(x).view(B, T, self.h, self.d_k) for W in (self.W_q, self.W_k, self.W_v))  # (B, T, H, Dh)
+    s = torch.einsum("bthd,bshd->bhts", q, k) / self.d_k ** 0.5
+    s = s if mask is None else s.masked_fill(mask == 0, -1e9)
+    return self.W_o(torch.einsum("bhts,bshd->bthd", s.softmax(dim=-2), v).reshape(B, T, D))
+
+
+# (candidate, words the message must contain): whatever the candidate does, the checker returns a result
+class NoForward(nn.Module):
+    def __init__(self, d_model, num_heads):
+        super().__init__()
+        self.W_q, self.W_k, self.W_v, self.W_o = (nn.Linear(d_model, d_model) for _ in range(4))
+
+
+def forward(self, x, mask=None):  # dedented by mistake: not a method of NoForward
+    return x
+
+
+class NoSuper(nn.Module):
+    def __init__(self, d_model, num_heads):
+        self.W_q = nn.Linear(d_model, d_model)
+
+
+class Params(nn.Module):
+    def __init__(self, d_model, num_heads):
+        super().__init__()
+        self.W_q, self.W_k, self.W_v, self.W_o = (nn.Parameter(torch.randn(d_model, d_model)) for _ in range(4))
+
+    def forward(self, x, mask=None):
+        return x
+
+
+class Lowercase(Separate):
+    def __init__(self, d_model, num_heads):
+        super().__init__(d_model, num_heads)
+        self.w_q = self.W_q
+        del self.W_q
+
+
+class Annotated(Separate):  # the Annotated Transformer keeps its four layers in a ModuleList
+    def __init__(self, d_model, num_heads):
+        super().__init__(d_model, num_heads)
+        self.linears = nn.ModuleList([self.W_q, self.W_k, self.W_v, self.W_o])
+        del self.W_q, self.W_k, self.W_v, self.W_o
+
+
+class Narrow(Separate):
+    def __init__(self, d_model, num_heads):
+        super().__init__(d_model, num_heads)
+        self.W_q = nn.Linear(d_model, d_model // num_heads)
+
+
+def _add_head_axis(self, x, mask=None):  # expects (B, T, T) and adds the head axis itself
+    return Separate.forward(self, x, None if mask is None else mask.unsqueeze(1))
+
+
+def _in_place(self, x, mask=None):
+    x += 1
+    return Separate.forward(self, x - 1, mask)
+
+
+def _bad_init(self, d_model, num_heads):
+    nn.Module.__init__(self)
+    raise ValueError("d_model must be a power of two")
+
+
+ODD = {
+    "an int": (42, ["expected a function or class, got int"]),
+    "None": (None, ["got NoneType"]),
+    "an instance": (Separate(12, 3), ["pass the class itself, not an instance"]),
+    "a function returning an int": (lambda d, h: 3, ["gave a int, not a torch.nn.Module"]),
+    "a constructor that raises": (bug(__init__=_bad_init), ["BuggySeparate(12, 3) raised ValueError: d_model must be",
+                                                            "at line", "raise ValueError"]),
+    "no super().__init__()": (NoSuper, ["raised AttributeError", "call super().__init__() first"]),
+    "no forward (dedented)": (NoForward, ["NoForward has no forward method", "indented"]),
+    "raw parameters": (Params, ["found no nn.Linear layer, only the parameters W_q (12, 12)"]),
+    "lowercase w_q": (Lowercase, ["w_q = Linear(12 → 12)", "case-sensitive: rename w_q to W_q"]),
+    "a ModuleList": (Annotated, ["found linears.0 = Linear(12 → 12)"]),
+    "W_q too narrow": (Narrow, ["W_q should be nn.Linear(12, 12)", "got nn.Linear(12, 4)"]),
+    "returns None": (bug(forward=lambda self, x, mask=None: None), ["forward(x) returned None", "`return`"]),
+    "returns three things": (bug(forward=lambda self, x, mask=None: (x, x, x)), ["tuple of 3 items"]),
+    "returns a string": (bug(forward=lambda self, x, mask=None: "out"), ["should be a torch.Tensor, got str"]),
+    "returns (weights, out)": (bug(Einsum, forward=lambda self, x, mask=None: Einsum.forward(self, x, mask)[::-1]),
+                               ["returned (weights, out): return (out, weights)"]),
+    "returns float64": (bug(forward=lambda self, x, mask=None: Separate.forward(self, x, mask).double()),
+                        ["dtype torch.float64", "torch.float32"]),
+    "returns integers": (bug(forward=lambda self, x, mask=None: Separate.forward(self, x, mask).long()),
+                         ["dtype torch.int64"]),
+    "returns a detached tensor": (bug(forward=lambda self, x, mask=None: Separate.forward(self, x, mask).detach()),
+                                  ["cut off from autograd"]),
+    "returns (T, B, D)": (bug(forward=lambda self, x, mask=None: Separate.forward(self, x, mask).transpose(0, 1)),
+                          ["(T, B, D): batch and time are swapped"]),
+    "changes x in place": (bug(forward=_in_place), ["changed x in place"]),
+    "another argument name": (bug(forward=lambda self, x, attn_mask=None: Separate.forward(self, x, attn_mask)),
+                              ["unexpected keyword argument 'mask'", "forward(self, x, mask=None)"]),
+    "a (B, T, T) mask expected": (bug(forward=_add_head_axis), ["Given the same mask as (B, T, T), your forward is "
+                                                                "right", "do not add a head axis"]),
+    "NaN everywhere": (bug(forward=lambda self, x, mask=None: Separate.forward(self, x, mask) * float("nan")),
+                       ["matches none of the known mistakes", "It contains NaN", "(B, H, T, Dh) = (2, 3, 5, 4)"]),
+}
+
+
+@pytest.mark.parametrize("name", list(ODD))
+def test_the_checker_never_raises_and_says_what_is_wrong(name):
+    candidate, words = ODD[name]
+    assert_fails_naming(check_multi_head_attention(candidate), words)
+
+
+@pytest.mark.parametrize("where", ["__init__", "forward"])
+def test_a_stub_is_not_attempted_yet(where):
+    def stub(self, *args, **kwargs):
+        if where == "__init__":
+            nn.Module.__init__(self)
+        raise NotImplementedError
+    result = check_multi_head_attention(bug(**{where: stub}))
+    assert not result.passed and not result.attempted and "not attempted yet" in result.message
+
+
+def test_the_checker_is_reproducible_and_leaves_the_global_rng_alone():
+    torch.manual_seed(123)
+    before = torch.randn(3)
+    torch.manual_seed(123)
+    first = check_multi_head_attention(BUGGY["no scale + inverted mask"][0])
+    assert torch.equal(torch.randn(3), before)
+    assert check_multi_head_attention(BUGGY["no scale + inverted mask"][0]).message == first.message
+
+
+# The exercises that extend the drill: is_causal, cross-attention, per-head weights.
+class Causal(Separate):
+    def causal(self, T):  # (T, T), True = may attend: key j <= query i
+        return torch.ones(T, T, dtype=torch.bool).tril()
+
+    def forward(self, x, mask=None, is_causal=False):
+        if is_causal:
+            mask = self.causal(x.shape[1]) if mask is None else mask & self.causal(x.shape[1])
+        return Separate.forward(self, x, mask)
+
+
+class Cross(Separate):
+    def forward(self, x, context=None, mask=None):
+        c = x if context is None else context
+        q, k, v = self.split(self.W_q(x)), self.split(self.W_k(c)), self.split(self.W_v(c))  # (B, H, T|S, Dh)
+        return self.W_o(self.merge(self.probs(self.masked(self.scores(q, k), mask)) @ v))
+
+
+class Weights(Separate):
+    def forward(self, x, mask=None):
+        q, k, v = (self.split(W(x)) for W in (self.W_q, self.W_k, self.W_v))
+        w = self.probs(self.masked(self.scores(q, k), mask))  # (B, H, T, T)
+        return self.W_o(self.merge(w @ v)), w
+
+
+def _scores_not_weights(self, x, mask=None):
+    q, k, v = (self.split(W(x)) for W in (self.W_q, self.W_k, self.W_v))
+    s = self.masked(self.scores(q, k), mask)  # (B, H, T, T): the scores, before the softmax
+    return self.W_o(self.merge(self.probs(s) @ v)), s
+
+
+EXERCISES = {
+    "causal inverted": (check_causal_multi_head_attention,
+                        bug(Causal, causal=lambda self, T: torch.ones(T, T, dtype=torch.bool).triu(1)),
+                        ["an inverted causal mask"]),
+    "causal hides the diagonal": (check_causal_multi_head_attention,
+                                  bug(Causal, causal=lambda self, T: torch.ones(T, T, dtype=torch.bool).tril(-1)),
+                                  ["hides the diagonal"]),
+    "is_causal ignored": (check_causal_multi_head_attention,
+                          bug(Causal, forward=lambda self, x, mask=None, is_causal=False: Separate.forward(self, x, mask)),
+                          ["forward(x, mask=mask) with a causal mask (T, T) is right", "is_causal=True is ignored"]),
+    "is_causal drops the mask": (check_causal_multi_head_attention,
+                                 bug(Causal, forward=lambda self, x, mask=None, is_causal=False: Separate.forward(
+                                     self, x, self.causal(x.shape[1]) if is_causal else mask)),
+                                 ["the mask is dropped"]),
+    "is_causal missing": (check_causal_multi_head_attention, Separate,
+                          ["unexpected keyword argument 'is_causal'", "forward(self, x, mask=None, is_causal=False)"]),
+    "keys from x": (check_cross_attention,
+                    bug(Cross, forward=lambda self, x, context=None, mask=None: Separate.forward(self, x, mask)),
+                    ["projected from x instead of from context"]),
+    "queries from context": (check_cross_attention,
+                             bug(Cross, forward=lambda self, x, context=None, mask=None: Cross.forward(
+                                 self, x if context is None else context, x, None)),
+                             ["(B, S, D): one output per key"]),
+    "weights missing": (check_multi_head_weights, Separate, ["returned only out", "(2, 3, 5, 5)"]),
+    "weights averaged": (check_multi_head_weights,
+                         bug(Weights, forward=lambda self, x, mask=None: (Weights.forward(self, x, mask)[0],
+                                                                         Weights.forward(self, x, mask)[1].mean(1))),
+                         ["averaged over the heads"]),
+    "scores, not weights": (check_multi_head_weights, bug(Weights, forward=_scores_not_weights),
+                            ["not the probabilities applied to v", "rows do not sum to 1"]),
+}
+
+
+@pytest.mark.parametrize("name", list(EXERCISES))
+def test_the_exercises_checkers_name_their_mistakes(name):
+    check, candidate, words = EXERCISES[name]
+    assert_fails_naming(check(candidate), words)
+
+
+@pytest.mark.parametrize("check, candidate", [(check_causal_multi_head_attention, Causal),
+                                              (check_cross_attention, Cross),
+                                              (check_multi_head_weights, Weights),
+                                              (check_multi_head_weights, Einsum)])
+def test_the_exercises_correct_answers_pass(check, candidate):
+    result = check(candidate)
+    assert result.passed, result.message
