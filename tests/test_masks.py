@@ -96,3 +96,52 @@ def test_bad_input_gives_a_clear_error(call, error, message):
     with pytest.raises(error) as info:
         call()
     assert message in str(info.value)
+
+
+@pytest.mark.parametrize("T,S", [(1, 5), (2, 5), (4, 4), (3, 8)])
+def test_causal_mask_equals_torch_causal_lower_right(T, S):
+    """torch's own bottom-right causal bias, through SDPA, gives the same output as our mask."""
+    from torch.nn.attention.bias import causal_lower_right
+
+    g = torch.Generator().manual_seed(T * 10 + S)
+    q, k, v = (torch.randn(2, 3, n, 4, generator=g, dtype=torch.float64) for n in (T, S, S))
+    ref = F.scaled_dot_product_attention(q, k, v, attn_mask=causal_lower_right(T, S))
+    torch.testing.assert_close(attention(q, k, v, masks.causal_mask(T, S))[0], ref)
+    torch.testing.assert_close(attention(q, k, v, is_causal=True)[0], ref)
+
+
+def test_sdpa_is_causal_is_top_left_and_differs_when_T_lt_S():
+    """The fact chapter 3 teaches: SDPA's is_causal lets query i see keys j <= i, whatever S is."""
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 1, n, 4, generator=g, dtype=torch.float64) for n in (2, 5, 5))
+    top_left = torch.ones(2, 5, dtype=torch.bool).tril()
+    sdpa = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    torch.testing.assert_close(attention(q, k, v, top_left)[0], sdpa)
+    assert not torch.allclose(attention(q, k, v, is_causal=True)[0], sdpa)
+
+
+def test_padding_mask_makes_real_outputs_independent_of_padding():
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, 2, 5, 4, generator=g) for _ in range(3))
+    pad = masks.padding_mask(masks.lengths_to_valid([3, 5], 5))
+    k2, v2 = k.clone(), v.clone()
+    k2[0, :, 3:], v2[0, :, 3:] = 50.0, -50.0
+    torch.testing.assert_close(attention(q, k2, v2, pad)[0][0, :, :3], attention(q, k, v, pad)[0][0, :, :3])
+
+
+def test_from_hf_equals_transformers_bert_weights():
+    """A tiny random BERT (eager) given attention_mask returns the weights attnlib computes with from_hf."""
+    from transformers import BertConfig, BertModel
+
+    B, S, D, H = 2, 4, 8, 2
+    config = BertConfig(vocab_size=30, hidden_size=D, num_hidden_layers=1, num_attention_heads=H,
+                        intermediate_size=16, initializer_range=0.5, attn_implementation="eager")
+    torch.manual_seed(0)
+    bert = BertModel(config).eval().double()
+    ids, hf = torch.tensor([[5, 6, 7, 0], [0, 9, 10, 11]]), torch.tensor([[1, 1, 1, 0], [0, 1, 1, 1]])
+    with torch.no_grad():
+        ref = bert(ids, attention_mask=hf, output_attentions=True).attentions[0]  # (B, H, S, S)
+        h, sa = bert.embeddings(ids), bert.encoder.layer[0].attention.self
+        split = lambda t: t.view(B, S, H, D // H).transpose(1, 2)  # noqa: E731 - (B, S, D) -> (B, H, S, Dh)
+        _, ours = attention(split(sa.query(h)), split(sa.key(h)), split(sa.value(h)), masks.from_hf(hf))
+    torch.testing.assert_close(ours, ref)
