@@ -3,18 +3,9 @@
 import pytest
 import torch
 
+from test_exercises_ch01 import assert_names, stub  # the shared stub and message check
+
 from attnlib.exercises import check_merge_heads, check_mha_param_count, check_split_heads
-
-
-def stub(*args):
-    raise NotImplementedError
-
-
-def assert_names(result, *phrases):
-    """The check failed (after an attempt) and its message contains every phrase."""
-    assert not result.passed and result.attempted, result
-    for phrase in phrases:
-        assert phrase in result.message, result.message
 
 
 # --- split heads ---------------------------------------------------------------------------------
