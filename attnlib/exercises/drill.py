@@ -5,10 +5,11 @@ W_v, W_o (each nn.Linear(d_model, d_model)) or W_qkv, W_o (W_qkv = nn.Linear(d_m
 output [q | k | v]), with `forward(x, mask=None)`: x (B, T, D); mask None or a bool tensor that
 broadcasts to the scores (B, H, T, T), True = may attend. It returns out (B, T, D), or (out, weights).
 
-The checker builds the module, finds its layers, calls forward in eval() mode without a mask, with a
-(B, 1, T, T) padding-and-causal mask and with a (T, T) causal mask, and compares each output with
-multi-head attention rebuilt from the module's own weights (drill_variants). On a mismatch it names
-the known mistakes, alone or two at once, that reproduce every output.
+The checker builds the module and finds its layers (drill_layers), calls forward in eval() mode
+without a mask, with a (B, 1, T, T) padding-and-causal mask and with a (T, T) causal mask, checks
+what it returned (drill_output), and compares each output with multi-head attention rebuilt from the
+module's own weights (drill_variants). On a mismatch it names the known mistakes (drill_mistakes),
+alone or two at once, that reproduce every output.
 """
 
 from __future__ import annotations
