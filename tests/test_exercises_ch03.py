@@ -50,6 +50,8 @@ def test_causal_accepts_correct_ones():
     (lambda T, S: causal(T, S).float(), ["right pattern but dtype torch.float32"]),
     (lambda T, S: torch.zeros(T, S).masked_fill(~causal(T, S), float("-inf")), ["additive float mask"]),
     (lambda T, S: torch.eye(T, S, dtype=torch.bool), ["matches none of the usual mistakes"]),
+    (lambda T, S: 2 * causal(T, S).long(), ["should be a bool mask", "values other than 0 and 1"]),
+    (lambda T, S: torch.full((T, S), float("nan")), ["values other than 0 and 1"]),
 ])
 def test_causal_names_the_mistake(buggy, phrases):
     assert_names(check_causal_mask(buggy), *phrases)

@@ -34,6 +34,9 @@ def _check_mask(got: object, expected: torch.Tensor, what: str, *, mistakes: dic
     if got.is_floating_point() and bool((got < 0).any()):
         raise CandidateError(f"{what} returned an additive float mask (0 = attend, -inf or a large negative "
                              f"number = masked); return a bool mask, True = may attend")
+    if got.dtype != torch.bool and (got.is_complex() or not bool(((got == 0) | (got == 1)).all())):
+        raise CandidateError(f"{what} should be a bool mask (True = may attend), got {got.dtype} "
+                             f"with values other than 0 and 1")
     if tuple(got.shape) in also_fine and tuple(got.shape) != tuple(expected.shape):
         got = got.expand(expected.shape)
     if got.shape != expected.shape:  # a shape mistake, named if it is a known one
