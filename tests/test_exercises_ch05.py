@@ -180,3 +180,9 @@ def test_find_permutation_stub_and_crash():
     assert check_find_permutation(stub).status == "not attempted yet"
     assert_names(check_find_permutation(lambda o, s: torch.cdist(o, s[0])), "raised RuntimeError")
     assert_names(check_find_permutation(lambda o, s: list(range(len(o)))), "should be a torch.Tensor, got list")
+
+
+def test_complex_and_non_scalar_results_are_named():
+    assert_names(check_sinusoidal(lambda T, D: torch.zeros(T, D, dtype=torch.complex64)), "complex tensor")
+    assert_names(check_rope(lambda x, p: torch.view_as_complex(x.reshape(2, 3, 5, 4, 2))), "complex tensor")
+    assert_names(check_rope_offset_score(lambda q, k, d: q * k), "got a tensor of shape (16,)")
