@@ -1,0 +1,147 @@
+"""Chapter 9's checkers: a correct answer passes, each classic mistake is named, stubs and crashes are handled."""
+
+import math
+
+import pytest
+import torch
+
+from attnlib.exercises import check_merge_partials, check_online_logsumexp, check_tile_step
+
+NEG_INF = float("-inf")
+
+
+def stub(*args):
+    raise NotImplementedError
+
+
+def assert_names(result, *phrases):
+    """The check failed (after an attempt) and its message contains every phrase."""
+    assert not result.passed and result.attempted, result
+    for phrase in phrases:
+        assert phrase in result.message, result.message
+
+
+# --- online logsumexp over a stream -------------------------------------------------------------
+
+def lse(chunks, *, rescale=True, wrong_way=False, subtract_max=True, add_max=True, skip_empty=True):
+    """A reader's online logsumexp in plain Python floats; each flag off (or on) is one classic mistake."""
+    m, l = NEG_INF, 0.0
+    for x in chunks:
+        m_new = max(m, float(x.max())) if subtract_max else 0.0
+        if m_new == NEG_INF and skip_empty:
+            continue  # nothing seen yet: there is no max to rescale by
+        old = (math.exp(m_new - m) if m > NEG_INF else math.inf) if wrong_way else math.exp(m - m_new)
+        l = (l * old if rescale else l) + float(torch.exp(x.double() - m_new).sum())
+        m = m_new
+    return (m if add_max else 0.0) + math.log(l)
+
+
+def test_online_logsumexp_accepts_a_correct_one():
+    assert check_online_logsumexp(lse).passed
+    assert check_online_logsumexp(lambda chunks: torch.logsumexp(torch.cat(list(chunks)), 0)).passed
+
+
+@pytest.mark.parametrize("kwargs, phrase", [
+    ({"rescale": False}, "forgot to rescale the running sum"),
+    ({"wrong_way": True}, "rescaled the wrong way"),
+    ({"add_max": False}, "the max is not added back"),
+    ({"skip_empty": False}, "NaN from exp(-inf - (-inf))"),
+])
+def test_online_logsumexp_names_the_mistake(kwargs, phrase):
+    assert_names(check_online_logsumexp(lambda chunks: lse(chunks, **kwargs)), phrase)
+
+
+def test_online_logsumexp_names_overflow_without_the_max():
+    no_max = lambda chunks: torch.log(sum(torch.exp(x).sum() for x in chunks))  # noqa: E731
+    assert_names(check_online_logsumexp(no_max), "no max subtraction")
+
+
+def test_online_logsumexp_stub_crash_and_wrong_type():
+    assert check_online_logsumexp(stub).status == "not attempted yet"
+    assert_names(check_online_logsumexp(lambda chunks: chunks[0]), "raised TypeError")
+    assert_names(check_online_logsumexp(lambda chunks: "big"), "should return a number, got str")
+
+
+# --- merging two partial results ----------------------------------------------------------------
+
+def merge(m1, l1, acc1, m2, l2, acc2, *, rescale_l=True, rescale_acc=True, wrong_way=False, ref_zero_if_empty=True):
+    m = torch.maximum(m1, m2)  # (B, T)
+    ref = torch.where(m == NEG_INF, 0.0, m) if ref_zero_if_empty else m
+    f1, f2 = (torch.exp(ref - m1), torch.exp(ref - m2)) if wrong_way else (torch.exp(m1 - ref), torch.exp(m2 - ref))
+    l = l1 * f1 + l2 * f2 if rescale_l else l1 + l2
+    acc = acc1 * f1[..., None] + acc2 * f2[..., None] if rescale_acc else acc1 + acc2
+    return m, l, acc
+
+
+def test_merge_accepts_a_correct_one():
+    assert check_merge_partials(merge).passed
+
+    def merge_by_logsumexp(m1, l1, acc1, m2, l2, acc2):  # another reference point: the log-sum-exp
+        lse = torch.logaddexp(m1 + l1.log(), m2 + l2.log())  # (B, T), -inf for an empty row
+        ref = torch.where(lse == NEG_INF, 0.0, lse)
+        return lse, torch.exp(m1 + l1.log() - ref) + torch.exp(m2 + l2.log() - ref), \
+            acc1 * torch.exp(m1 - ref)[..., None] + acc2 * torch.exp(m2 - ref)[..., None]
+    assert check_merge_partials(merge_by_logsumexp).passed
+
+
+@pytest.mark.parametrize("kwargs, phrase", [
+    ({"rescale_l": False}, "forgot to rescale the sums"),
+    ({"rescale_acc": False}, "forgot to rescale the accumulators"),
+    ({"wrong_way": True}, "rescaled the wrong way"),
+    ({"ref_zero_if_empty": False}, "empty in both blocks"),
+])
+def test_merge_names_the_mistake(kwargs, phrase):
+    assert_names(check_merge_partials(lambda *a: merge(*a, **kwargs)), phrase)
+
+
+def test_merge_names_the_first_max_kept():
+    def first_max(m1, l1, acc1, m2, l2, acc2):
+        f2 = torch.exp(m2 - m1)  # overflows when block 2 is larger
+        return m1, l1 + l2 * f2, acc1 + acc2 * f2[..., None]
+    assert_names(check_merge_partials(first_max), "kept the first block's max")
+
+
+def test_merge_stub_crash_and_wrong_return():
+    assert check_merge_partials(stub).status == "not attempted yet"
+    assert_names(check_merge_partials(lambda m1, l1, acc1, m2, l2, acc2: m1 @ m2), "raised RuntimeError")
+    assert_names(check_merge_partials(lambda *a: a[2] + a[5]), "should return a tuple (m, l, acc), got Tensor")
+    assert_names(check_merge_partials(lambda *a: (a[0], a[1], a[2][..., 0])), "acc has shape (2, 6)")
+
+
+# --- the inner loop of tiled attention ----------------------------------------------------------
+
+def tile_step(q, k, v, m, l, acc, scale, *, rescale_l=True, rescale_acc=True, wrong_way=False, use_scale=True):
+    s = q @ k.transpose(-2, -1) * (scale if use_scale else 1.0)  # (N, T, tk)
+    m_new = torch.maximum(m, s.amax(-1))  # (N, T)
+    alpha = torch.exp(m_new - m) if wrong_way else torch.exp(m - m_new)
+    p = torch.exp(s - m_new[..., None])  # (N, T, tk)
+    l = (l * alpha if rescale_l else l) + p.sum(-1)
+    acc = (acc * alpha[..., None] if rescale_acc else acc) + p @ v
+    return m_new, l, acc
+
+
+def test_tile_step_accepts_a_correct_one():
+    assert check_tile_step(tile_step).passed
+
+
+@pytest.mark.parametrize("kwargs, phrase", [
+    ({"rescale_l": False}, "forgot to rescale the running sum"),
+    ({"rescale_acc": False}, "forgot to rescale the accumulator"),
+    ({"wrong_way": True}, "rescaled the wrong way"),
+    ({"use_scale": False}, "the scale left out"),
+])
+def test_tile_step_names_the_mistake(kwargs, phrase):
+    assert_names(check_tile_step(lambda *a: tile_step(*a, **kwargs)), phrase)
+
+
+def test_tile_step_names_overflow_without_the_max():
+    def no_max(q, k, v, m, l, acc, scale):
+        s = q @ k.transpose(-2, -1) * scale
+        return torch.maximum(m, s.amax(-1)), l + s.exp().sum(-1), acc + s.exp() @ v
+    assert_names(check_tile_step(no_max), "no max subtraction")
+
+
+def test_tile_step_stub_crash_and_wrong_return():
+    assert check_tile_step(stub).status == "not attempted yet"
+    assert_names(check_tile_step(lambda q, k, v, m, l, acc, scale: q @ k), "raised RuntimeError", "line")
+    assert_names(check_tile_step(lambda *a: None), "should return a tuple (m, l, acc), got NoneType")
