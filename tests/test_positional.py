@@ -141,3 +141,21 @@ def test_public_names():
     import attnlib
     assert attnlib.positional is positional
     assert set(positional.__all__) >= {"sinusoidal", "LearnedPositional", "RotaryEmbedding", "apply_rope"}
+
+
+def test_more_bad_input_messages():
+    rope = RotaryEmbedding(8, max_position_embeddings=16)
+    with pytest.raises(ValueError, match=r"positions of shape \(1, 1, 3\) is not \(T,\) or \(B, T\)"):
+        rope(torch.randn(1, 2, 3, 8), torch.zeros(1, 1, 3, dtype=torch.long))
+    with pytest.raises(ValueError, match=r"positions of shape \(2, 3\) does not fit x of shape \(1, 2, 3, 8\)"):
+        rope(torch.randn(1, 2, 3, 8), torch.zeros(2, 3, dtype=torch.long))
+    with pytest.raises(TypeError, match=r"x must be a floating-point tensor, got torch.int64"):
+        rope(torch.zeros(1, 2, 3, 8, dtype=torch.long), torch.arange(3))
+    with pytest.raises(TypeError, match=r"positions must be a torch.Tensor, got list"):
+        rope.cos_sin([0, 1, 2])
+    with pytest.raises(ValueError, match=r"max_len must be a positive int, got 0"):
+        LearnedPositional(0, 8)
+    with pytest.raises(ValueError, match=r"max_position_embeddings must be a positive int, got 2.5"):
+        RotaryEmbedding(8, 2.5)
+    with pytest.raises(TypeError, match=r"positions must be an integer tensor, got torch.bool"):
+        LearnedPositional(4, 8)(torch.tensor([True, False]))
