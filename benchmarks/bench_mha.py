@@ -35,7 +35,7 @@ def rows() -> list[Row]:
         ours = MultiHeadAttention.from_torch(ref).eval()
         x = torch.randn(B, T, D)
         _check_equal(ours, ref, x)
-        fast = time_ratio(lambda: ours(x), lambda: ref(x, x, x, need_weights=False))
+        fast = time_ratio(lambda: ours(x), lambda: ref(x, x, x, need_weights=False), rounds=15)
         weights = time_ratio(lambda: ours(x, need_weights=True),
                              lambda: ref(x, x, x, need_weights=True, average_attn_weights=False))
     finally:
