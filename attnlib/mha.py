@@ -56,7 +56,7 @@ def repeat_kv(x: torch.Tensor, n_rep: int) -> torch.Tensor:
 
 def _attention_no_grad(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                        allowed: torch.Tensor | None, dropout_p: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """attention(q, k, v, allowed, dropout_p=dropout_p) for when no gradient is needed (tests: equal).
+    """attention(q, k, v, allowed, dropout_p=dropout_p) when no gradient is needed (test_mha: equal).
 
     q (B, H, T, Dh), k (B, H_kv, S, Dh), v (B, H_kv, S, Dv). The scores, the weights and the dropout
     share one (B, H, T, S) buffer, written in place, instead of a fresh tensor per step. GQA needs no

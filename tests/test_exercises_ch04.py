@@ -5,7 +5,7 @@ import torch
 
 from test_exercises_ch01 import assert_names, stub  # the shared stub and message check
 
-from attnlib.exercises import check_merge_heads, check_mha_param_count, check_split_heads
+from attnlib.exercises import check_fused_qkv, check_merge_heads, check_mha_param_count, check_split_heads
 
 
 # --- split heads ---------------------------------------------------------------------------------
@@ -105,3 +105,43 @@ def test_param_count_stub_crash_and_wrong_type():
     assert_names(check_mha_param_count(lambda d, h, kv, bias: d / 0), "raised ZeroDivisionError")
     assert_names(check_mha_param_count(lambda *a: "a lot"), "should return a whole number, got 'a lot'")
     assert_names(check_mha_param_count(lambda *a: good_count(*a) + 0.5), "should return a whole number")
+
+
+# --- fused QKV projection ------------------------------------------------------------------------
+
+def good_fused(x, weight, bias, num_heads):
+    B, T, D = x.shape
+    q, k, v = (x @ weight.T + bias).split(D, dim=-1)                      # (B, T, D) each
+    return tuple(t.view(B, T, num_heads, D // num_heads).transpose(1, 2) for t in (q, k, v))
+
+
+def test_fused_qkv_accepts_correct_ones():
+    assert check_fused_qkv(good_fused).passed
+
+    def via_five_d(x, weight, bias, num_heads):
+        B, T, D = x.shape
+        qkv = torch.nn.functional.linear(x, weight, bias).view(B, T, 3, num_heads, D // num_heads)
+        return tuple(qkv.permute(2, 0, 3, 1, 4))                          # 3 x (B, H, T, Dh)
+    assert check_fused_qkv(via_five_d).passed
+
+
+@pytest.mark.parametrize("buggy, phrases", [
+    (lambda x, w, b, h: good_fused(x, w, torch.zeros_like(b), h), ["the bias is missing"]),
+    (lambda x, w, b, h: tuple(torch.nn.functional.linear(x, w, b).view(*x.shape[:2], h, 3, -1).permute(3, 0, 2, 1, 4)),
+     ["interleaved layout"]),
+    (lambda x, w, b, h: tuple(t.reshape(x.shape[0], h, x.shape[1], -1) for t in (x @ w.T + b).split(x.shape[-1], -1)),
+     ["without the transpose"]),
+    (lambda x, w, b, h: good_fused(x, w, b, h)[::-1], ["wrong order (as v, k, q)"]),
+    (lambda x, w, b, h: tuple(t.transpose(1, 2) for t in good_fused(x, w, b, h)), ["(B, T, H, Dh)", "not moved"]),
+    (lambda x, w, b, h: good_fused(x, w, b, h)[:2], ["three tensors (q, k, v), got tuple"]),
+])
+def test_fused_qkv_names_the_mistake(buggy, phrases):
+    assert_names(check_fused_qkv(buggy), *phrases)
+
+
+def test_fused_qkv_stub_and_crash():
+    assert check_fused_qkv(stub).status == "not attempted yet"
+
+    def untransposed(x, weight, bias, num_heads):
+        return x @ weight + bias                                          # (B, T, D) @ (3D, D): no
+    assert_names(check_fused_qkv(untransposed), "raised RuntimeError", "`return x @ weight + bias")

@@ -1,7 +1,8 @@
-"""Checkers for chapter 4 (multi-head attention): split heads, merge heads, count the parameters."""
+"""Checkers for chapter 4 (multi-head attention): split heads, merge heads, count the parameters, fused QKV."""
 
 from __future__ import annotations
 
+import itertools
 import numbers
 from collections.abc import Callable
 
@@ -11,7 +12,7 @@ from attnlib.exercises._core import CandidateError, checker, expect_close, run
 from attnlib.exercises.ch01 import reject_shape_mistakes
 from attnlib.mha import MultiHeadAttention, merge_heads, split_heads
 
-__all__ = ["check_split_heads", "check_merge_heads", "check_mha_param_count"]
+__all__ = ["check_split_heads", "check_merge_heads", "check_mha_param_count", "check_fused_qkv"]
 
 B, T, H, Dh = 2, 5, 3, 4  # all different, so that no axis can stand in for another
 D = H * Dh
@@ -102,3 +103,40 @@ def check_mha_param_count(fn: Callable[[int, int, int, bool], int]) -> str:
             reason = f": it matches {' and '.join(found)}" if found else ", and it matches none of the usual mistakes"
             raise CandidateError(f"{what} returned {int(got):,}, expected {want:,}{reason}")
     return "equals the parameter count of attnlib.MultiHeadAttention for MHA, GQA and MQA, with and without biases"
+
+
+def _as_triple(got: object, what: str) -> torch.Tensor:
+    """The reader's (q, k, v) stacked into one (3, B, H, T, Dh) tensor; CandidateError if it is not 3 tensors."""
+    if not isinstance(got, (tuple, list)) or len(got) != 3 or not all(isinstance(t, torch.Tensor) for t in got):
+        raise CandidateError(f"{what} should return three tensors (q, k, v), got {type(got).__name__}")
+    shapes = {tuple(t.shape) for t in got}
+    if shapes != {(B, H, T, Dh)}:
+        found = " (B, T, H, Dh): the heads are not moved before time" if shapes == {(B, T, H, Dh)} else ""
+        raise CandidateError(f"{what} returned shapes {sorted(shapes)}, expected (B, H, T, Dh) = "
+                             f"{(B, H, T, Dh)} for each of q, k, v{found}")
+    return torch.stack(list(got))
+
+
+@checker("fused QKV projection")
+def check_fused_qkv(fn: Callable[..., tuple]) -> str:
+    """fn(x, weight, bias, num_heads) -> (q, k, v), each (B, H, T, Dh), from nn.MultiheadAttention's
+    in_proj_weight (3D, D), rows [W_q; W_k; W_v], and in_proj_bias (3D,)."""
+    x, weight, bias = torch.randn(B, T, D), torch.randn(3 * D, D) / D ** 0.5, torch.randn(3 * D)
+    what = f"fused_qkv(x, weight, bias, num_heads={H}) with x {(B, T, D)}, weight {(3 * D, D)}"
+    got = _as_triple(run(fn, x.clone(), weight.clone(), bias.clone(), H, what=what), what)
+    y = torch.nn.functional.linear(x, weight, bias)  # (B, T, 3D)
+    blocks = [split_heads(t, H) for t in y.split(D, dim=-1)]  # q, k, v: (B, H, T, Dh) each
+    no_bias = torch.nn.functional.linear(x, weight)
+    mistakes = {f"q, k and v returned in the wrong order (as {', '.join('qkv'[i] for i in order)}): the "
+                f"rows of weight are [W_q; W_k; W_v]": torch.stack([blocks[i] for i in order])
+                for order in itertools.permutations(range(3)) if order != (0, 1, 2)}
+    expect_close(got, torch.stack(blocks), what, mistakes=mistakes | {
+        "the bias is missing: x @ weight.T without + bias":
+            torch.stack([split_heads(t, H) for t in no_bias.split(D, dim=-1)]),
+        "an interleaved layout: viewing the fused output as (B, T, H, 3, Dh) takes a [q, k, v] triple per "
+        "head, but nn.MultiheadAttention's rows are three blocks [W_q; W_k; W_v]; split into three D-wide "
+        "blocks first": y.view(B, T, H, 3, Dh).permute(3, 0, 2, 1, 4),
+        "the heads viewed straight to (B, H, T, Dh) without the transpose, which cuts the sequence instead "
+        "of each token's width": torch.stack([t.reshape(B, H, T, Dh) for t in y.split(D, dim=-1)]),
+    })
+    return "one matmul of x with the (3D, D) weight, split into q, k, v blocks, each split into heads"
