@@ -73,7 +73,7 @@ class EncoderLayer(nn.Module):
     def around(self, x: torch.Tensor, attend: Callable[[torch.Tensor], tuple]) -> tuple:
         """The block around any self-attention `attend(z) -> (a, weights)`, a shaped like z.
 
-        Everything but attention acts on each token alone, so x may be (B, T, D) or packed (N, D).
+        Everything but attention acts on each token alone, so x may be (B, T, D) or packed (M, D).
         """
         if self.norm_first:
             a, weights = attend(self.norm1(x))
@@ -146,18 +146,18 @@ class Encoder(nn.Module):
         """
         ids, valid, types = self._check(input_ids, attention_mask, token_type_ids)
         B, T = ids.shape
-        groups = unpad.length_groups(valid)
-        index = unpad.packed_index(groups, T, ids)                                       # (N,) real tokens
-        x = self.embeddings(ids.flatten()[index], index % T, types.flatten()[index])     # (N, D) packed
+        buckets = unpad.buckets(valid)
+        gather, keep = unpad.layout(buckets, T, ids)                                     # (M,) slots
+        x = self.embeddings(ids.flatten()[gather], gather % T, types.flatten()[gather])  # (M, D) packed
         weights = []
         for layer in self.layers:
-            x, w = layer.around(x, lambda z: unpad.attend_groups(layer.attn, z, groups, need_weights))
+            x, w = layer.around(x, lambda z: unpad.attend_buckets(layer.attn, z, buckets, need_weights))
             weights.append(w)
-        hidden = unpad.unpack(x, index, B, T)                                            # (B, T, D)
+        hidden = unpad.unpack(x, gather, keep, B, T)                                     # (B, T, D)
         if not need_weights:
             return hidden
         H = self.layers[0].attn.num_heads if self.layers else 0
-        return hidden, [unpad.unpack_weights(w, groups, B, H, T, x) for w in weights]
+        return hidden, [unpad.unpack_weights(w, buckets, B, H, T, x) for w in weights]
 
 
 def mean_pool(hidden: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:

@@ -9,7 +9,7 @@ import pytest
 import torch
 from torch import nn
 
-from attnlib import load_minilm, mean_pool
+from attnlib import load_minilm, mean_pool, unpad
 from attnlib.encoder import EncoderLayer
 from attnlib.minilm import encoder_from_bert
 from attnlib.mha import MultiHeadAttention
@@ -122,12 +122,15 @@ def test_random_bert_with_token_types_and_scattered_padding():
     ref = tiny_bert()
     ours = encoder_from_bert(ref)
     g = torch.Generator().manual_seed(1)
-    ids = torch.randint(0, 50, (4, 9), generator=g)
-    types = torch.randint(0, 2, (4, 9), generator=g)
-    mask = torch.ones(4, 9, dtype=torch.long)
+    ids = torch.randint(0, 50, (6, 9), generator=g)
+    types = torch.randint(0, 2, (6, 9), generator=g)
+    mask = torch.ones(6, 9, dtype=torch.long)
     mask[0, 6:] = 0                                       # right padding
-    mask[1, :3] = 0                                       # left padding
-    mask[2, [1, 4, 7]] = 0                                # holes
+    mask[1, :2] = 0                                       # left padding
+    mask[2, 4] = 0                                        # a hole
+    mask[5, 1:] = 0                                       # one token
+    # lengths 6, 7, 8, 9, 9, 1: buckets of mixed lengths (9, 9, 8) and (7, 6), so masks are exercised
+    assert [len(b.rows) for b in unpad.buckets(mask.bool())] == [3, 2, 1]
     hidden_diff, weight_diffs = max_diffs(ours, ref, ids, mask, token_type_ids=types)
     assert hidden_diff <= 1e-5 and max(weight_diffs) <= 1e-5
 
