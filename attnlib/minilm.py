@@ -53,6 +53,8 @@ def encoder_from_bert(model: nn.Module) -> Encoder:
                       config.num_attention_heads, config.intermediate_size,
                       max_len=config.max_position_embeddings, type_vocab_size=config.type_vocab_size,
                       eps=config.layer_norm_eps, dropout=config.hidden_dropout_prob)
+    for layer in encoder.layers:
+        layer.attn.dropout = config.attention_probs_dropout_prob  # BERT drops attention weights at its own rate
     sd = {k.removeprefix("bert."): v for k, v in model.state_dict().items()}
     encoder.load_state_dict(_bert_state_dict(sd, config.num_hidden_layers), strict=True)
     dtype = next(model.parameters()).dtype

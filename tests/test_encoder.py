@@ -203,3 +203,9 @@ def test_mean_pool_bad_input():
         mean_pool(torch.randn(2, 5), torch.ones(2, 5))
     with pytest.raises(TypeError, match="hidden must be a floating-point tensor"):
         mean_pool(torch.ones(2, 5, 3, dtype=torch.long), torch.ones(2, 5))
+
+
+def test_encoder_from_bert_keeps_both_dropout_rates():
+    ours = encoder_from_bert(tiny_bert(hidden_dropout_prob=0.2, attention_probs_dropout_prob=0.3))
+    assert all(layer.attn.dropout == 0.3 and layer.dropout.p == 0.2 for layer in ours.layers)
+    assert ours.embeddings.dropout.p == 0.2 and not ours.training
