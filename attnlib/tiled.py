@@ -72,11 +72,19 @@ def _key_tiles(mask, offset, i0, i1, S, block_size) -> Iterator[tuple[int, int, 
             yield j0, j1, allowed
 
 
+def _add_mask(s: torch.Tensor, allowed: torch.Tensor | None, batch: torch.Size) -> None:
+    """Add the tile's mask to scores s (N, n, tk) in place, as a 0/-inf bias broadcast over batch."""
+    if allowed is not None:  # adding 0/-inf is far cheaper than masked_fill_ on s
+        bias = torch.zeros(allowed.shape, dtype=s.dtype, device=s.device).masked_fill_(~allowed, _NEG_INF)
+        s.view(*batch, *s.shape[-2:]).add_(bias)
+
+
 def _online_softmax_rows(qs: torch.Tensor, k3: torch.Tensor, v3: torch.Tensor, tiles, batch: torch.Size,
-                         out_rows: torch.Tensor, scores_buf: torch.Tensor, acc: torch.Tensor,
-                         m: torch.Tensor, l: torch.Tensor) -> None:
+                         out_rows: torch.Tensor, lse_rows: torch.Tensor, scores_buf: torch.Tensor,
+                         acc: torch.Tensor, m: torch.Tensor, l: torch.Tensor) -> None:
     """Attend queries qs (N, tq, Dh), pre-scaled by scale·log2 e, to k3 (N, S, Dh), v3 (N, S, Dv)
-    one key tile at a time; write the result into out_rows (N, tq, Dv).
+    one key tile at a time; write the result into out_rows (N, tq, Dv) and each row's
+    log2 Σ 2^s into lse_rows (N, tq) (+inf for a row with nothing to attend to), for the backward.
 
     Per tile: s = qs kᵀ (+ 0/-inf bias), m' = max(m, rowmax s), p = 2^(s - m'),
     l = l·2^(m - m') + Σ p, acc = acc·2^(m - m') + p v. Workspaces are reused, not reallocated.
@@ -89,9 +97,7 @@ def _online_softmax_rows(qs: torch.Tensor, k3: torch.Tensor, v3: torch.Tensor, t
         tk = j1 - j0
         s = scores_buf[: N * tq * tk].view(N, tq, tk)  # a contiguous (N, tq, tk) tile
         torch.bmm(qs, k3[:, j0:j1].transpose(1, 2), out=s)  # (N, tq, Dh) @ (N, Dh, tk)
-        if allowed is not None:
-            bias = torch.zeros(allowed.shape, dtype=s.dtype, device=s.device).masked_fill_(~allowed, _NEG_INF)
-            s.view(*batch, tq, tk).add_(bias)  # adding 0/-inf is far cheaper than masked_fill_ on s
+        _add_mask(s, allowed, batch)
         m_new = torch.maximum(m, s.amax(dim=-1))  # (N, tq)
         m_safe = m_new.masked_fill(m_new == _NEG_INF, 0.0)  # rows that have seen no key yet
         alpha = torch.exp2(m - m_safe)  # (N, tq): rescales what was summed under the old max
@@ -100,6 +106,59 @@ def _online_softmax_rows(qs: torch.Tensor, k3: torch.Tensor, v3: torch.Tensor, t
         acc.mul_(alpha.unsqueeze(-1)).baddbmm_(s, v3[:, j0:j1])  # (N, tq, tk) @ (N, tk, Dv)
         m.copy_(m_new)
     torch.div(acc, l.masked_fill(l == 0, 1.0).unsqueeze(-1), out=out_rows)  # empty rows: 0 / 1 = 0
+    torch.add(m, torch.log2(l), out=lse_rows).masked_fill_(l == 0, float("inf"))
+
+
+def _forward(q3, k3, v3, mask, offset, scale, tk, batch) -> tuple[torch.Tensor, torch.Tensor]:
+    """out (N, T, Dv) and lse (N, T) of q3 (N, T, Dh), k3 (N, S, Dh), v3 (N, S, Dv), by query blocks."""
+    (N, T, Dh), S, Dv = q3.shape, k3.shape[1], v3.shape[-1]
+    tq, ws = max(1, min(QUERY_BLOCK, T)), dict(dtype=q3.dtype, device=q3.device)
+    out, lse = torch.empty(N, T, Dv, **ws), torch.empty(N, T, **ws)
+    # Workspaces allocated once per call; each tile uses a contiguous view of their front.
+    scores_buf, acc_buf, qs_buf = (torch.empty(N * tq * d, **ws) for d in (tk, Dv, Dh))
+    ml_buf = torch.empty(2, N * tq, **ws)
+    for i0 in range(0, T, tq):
+        n = min(tq, T - i0)
+        qs = torch.mul(q3[:, i0:i0 + n], scale * _LOG2E, out=qs_buf[: N * n * Dh].view(N, n, Dh))
+        m, l = ml_buf[:, : N * n].view(2, N, n).unbind(0)  # running max and sum, (N, n) each
+        _online_softmax_rows(qs, k3, v3, _key_tiles(mask, offset, i0, i0 + n, S, tk), batch, out[:, i0:i0 + n],
+                             lse[:, i0:i0 + n], scores_buf, acc_buf[: N * n * Dv].view(N, n, Dv), m, l)
+    return out, lse
+
+
+class _TiledAttention(torch.autograd.Function):
+    """Tiled forward; a tiled backward that recomputes each tile's p = 2^(s - lse) instead of storing it.
+
+    With D = rowsum(dout ∘ out): dv += pᵀ dout, ds = p ∘ (dout vᵀ - D), dq += ds k·scale, dk += dsᵀ q·scale.
+    """
+
+    @staticmethod
+    def forward(ctx, q3, k3, v3, mask, offset, scale, tk, batch):
+        out, lse = _forward(q3, k3, v3, mask, offset, scale, tk, batch)
+        ctx.save_for_backward(q3, k3, v3, out, lse)
+        ctx.args = (mask, offset, scale, tk, batch)
+        return out
+
+    @staticmethod
+    def backward(ctx, dout):
+        q3, k3, v3, out, lse = ctx.saved_tensors
+        mask, offset, scale, tk, batch = ctx.args
+        dq, dk, dv = torch.zeros_like(q3), torch.zeros_like(k3), torch.zeros_like(v3)
+        D = (dout * out).sum(dim=-1)  # (N, T)
+        T, tq = q3.shape[1], max(1, min(QUERY_BLOCK, q3.shape[1]))
+        for i0 in range(0, T, tq):
+            i = slice(i0, min(i0 + tq, T))
+            qs = q3[:, i] * (scale * _LOG2E)
+            for j0, j1, allowed in _key_tiles(mask, offset, i0, i.stop, k3.shape[1], tk):
+                j = slice(j0, j1)
+                s = qs @ k3[:, j].transpose(1, 2)  # (N, n, tk), in log2 units
+                _add_mask(s, allowed, batch)
+                p = torch.exp2(s - lse[:, i, None])  # (N, n, tk): the softmax weights of this tile
+                dv[:, j] += p.transpose(1, 2) @ dout[:, i]
+                ds = p * (dout[:, i] @ v3[:, j].transpose(1, 2) - D[:, i, None])  # (N, n, tk)
+                dq[:, i] += ds @ k3[:, j] * scale
+                dk[:, j] += ds.transpose(1, 2) @ q3[:, i] * scale
+        return dq, dk, dv, None, None, None, None, None
 
 
 def _flat(x: torch.Tensor, batch: torch.Size, dtype: torch.dtype) -> torch.Tensor:
@@ -112,9 +171,6 @@ def _check_args(q, k, v, mask, block_size) -> torch.Size:
     _check_qkv(q, k, v)
     if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1:
         raise ValueError(f"block_size must be a positive int (keys per tile), got {block_size!r}")
-    if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
-        raise ValueError("tiled_attention is forward-only (it has no backward pass): call it under "
-                         "torch.no_grad() or torch.inference_mode(), or use attnlib.attention to train")
     batch = torch.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2])
     if mask is not None:
         check_mask(mask, (*batch, q.shape[-2], k.shape[-2]))
@@ -137,7 +193,8 @@ def tiled_attention(
     k (..., S, Dh), v (..., S, Dv) → out (..., T, Dv); mask bool, broadcastable to (..., T, S),
     True = may attend; is_causal is bottom-right (query i sees keys j <= i + S - T) and ANDed with
     mask; scale defaults to 1/sqrt(Dh). Tiles in which nothing may be attended are skipped; a query
-    with nothing to attend to gets zeros. fp16/bf16 are computed in fp32. Forward only (no autograd).
+    with nothing to attend to gets zeros. fp16/bf16 are computed in fp32. Differentiable: the backward
+    is tiled too and never holds a (T, S) matrix.
     """
     batch = _check_args(q, k, v, mask, block_size)
     T, S, Dv = q.shape[-2], k.shape[-2], v.shape[-1]
@@ -147,21 +204,8 @@ def tiled_attention(
     if mask is not None:  # give it all the dims of the scores: (..., T or 1, S or 1)
         mask = mask.reshape((1,) * (len(batch) + 2 - mask.dim()) + tuple(mask.shape))
     offset = S - T if is_causal else None
-    N, Dh = q3.shape[0], q3.shape[-1]
-    tq, tk = max(1, min(QUERY_BLOCK, T)), max(1, min(block_size, S))
-    ws = dict(dtype=work, device=q.device)
-    out = torch.empty(N, T, Dv, **ws)  # (N, T, Dv)
-    # Workspaces allocated once per call; each tile uses a contiguous view of their front.
-    scores_buf, acc_buf, qs_buf = (torch.empty(N * tq * d, **ws) for d in (tk, Dv, Dh))
-    ml_buf = torch.empty(2, N * tq, **ws)
-    with torch.no_grad():
-        for i0 in range(0, T, tq):
-            n = min(tq, T - i0)
-            qs = torch.mul(q3[:, i0:i0 + n], scale * _LOG2E, out=qs_buf[: N * n * Dh].view(N, n, Dh))
-            m, l = ml_buf[:, : N * n].view(2, N, n).unbind(0)  # running max and sum, (N, n) each
-            _online_softmax_rows(qs, k3, v3, _key_tiles(mask, offset, i0, i0 + n, S, tk), batch,
-                                 out[:, i0:i0 + n], scores_buf, acc_buf[: N * n * Dv].view(N, n, Dv), m, l)
-    return out.reshape(*batch, T, Dv).to(q.dtype)
+    out = _TiledAttention.apply(q3, k3, v3, mask, offset, scale, max(1, min(block_size, S)), batch)
+    return out.reshape(*batch, T, Dv).to(q.dtype)  # (..., T, Dv)
 
 
 def peak_memory(fn: Callable[[], object]) -> int:

@@ -130,14 +130,33 @@ def test_never_holds_a_t_by_s_matrix():
     scores = T * S * 4  # bytes of one fp32 (T, S) matrix
     assert naive >= scores
     assert tiled < scores / 8
+    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    backward = peak_memory(lambda: attnlib.tiled_attention(*leaves, block_size=128).sum().backward())
+    assert backward < scores / 4  # the backward recomputes each tile instead of storing the weights
 
 
-def test_raises_under_autograd_instead_of_giving_a_wrong_gradient():
-    q, k, v = (t.requires_grad_() for t in qkv((2,), 5, 6))
-    with pytest.raises(ValueError, match="tiled_attention is forward-only"):
-        attnlib.tiled_attention(q, k, v)
-    with torch.no_grad():
-        torch.testing.assert_close(attnlib.tiled_attention(q, k, v), F.scaled_dot_product_attention(q, k, v))
+@pytest.mark.parametrize("T,S,is_causal", [(5, 7, True), (7, 5, True), (6, 6, False)])
+def test_gradcheck(T, S, is_causal):
+    q, k, v = (t.requires_grad_() for t in qkv((2,), T, S, Dh=4, Dv=3))
+    mask = torch.rand(2, T, S, generator=torch.Generator().manual_seed(6)) > 0.3
+    mask[0, 1] = False  # a query with nothing to attend to: zero output, zero gradient
+    fn = lambda q, k, v: attnlib.tiled_attention(q, k, v, mask, is_causal=is_causal, block_size=2)  # noqa: E731
+    assert torch.autograd.gradcheck(fn, (q, k, v))
+
+
+def test_gradients_equal_attention_across_tiles_and_broadcast_heads():
+    q, _, _ = qkv((2, 4), QUERY_BLOCK + 30, 300)
+    _, k, v = qkv((2, 1), QUERY_BLOCK + 30, 300)  # one key/value head shared by 4 query heads
+    pad = masks.padding_mask(masks.lengths_to_valid([300, 120], 300))  # (B, 1, 1, S)
+    grads = []
+    for fn in (lambda *a: attnlib.tiled_attention(*a, is_causal=True, block_size=64),
+               lambda *a: attnlib.attention(*a, is_causal=True)[0]):
+        leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+        out = fn(*leaves, pad)
+        out.backward(torch.cos(torch.arange(out.numel(), dtype=out.dtype)).view_as(out))
+        grads.append([t.grad for t in leaves])
+    for tiled, naive in zip(*grads):
+        torch.testing.assert_close(tiled, naive)
 
 
 @pytest.mark.parametrize("args,kwargs,error,message", [
