@@ -4,7 +4,9 @@ Softmax needs a whole row of scores, yet attention can be computed one tile of k
 keep, for each query, the running max m, the running sum l = Σ_j exp(s_j - m) and the running
 unnormalized output acc = Σ_j exp(s_j - m) v_j; when a later tile raises the max to m', multiply
 l and acc by exp(m - m'). At the end out = acc / l. Only a (T_tile, S_tile) block of scores ever
-exists, never the (T, S) matrix.
+exists, never the (T, S) matrix. The backward pass is tiled the same way: it keeps one log-sum-exp
+per query from the forward and recomputes each tile's weights from it.
+peak_memory measures what a call allocates (torch's profiler), for the chapter and the benchmark.
 
 Shapes as in attnlib.attention: q (..., T, Dh), k (..., S, Dh), v (..., S, Dv) → out (..., T, Dv).
 """
