@@ -4,12 +4,16 @@ Dimension letters: B batch, H heads, H_kv key/value heads, T query length, S key
 D model width, Dh head width. Masks are bool, True = may attend.
 """
 
-from attnlib import masks
-from attnlib import positional
+from attnlib import masks, positional
 from attnlib.attention import attention, softmax
-from attnlib.kv_cache import KVCache
+from attnlib.decoder import LlamaDecoder
+from attnlib.encoder import mean_pool
+from attnlib.kv_cache import KVCache, generate
 from attnlib.mha import MultiHeadAttention
+from attnlib.minilm import load_minilm
+from attnlib.tiled import tiled_attention
 from attnlib import exercises  # noqa: E402  (after the modules its checkers compare against)
 
-__all__ = ["softmax", "attention", "masks", "MultiHeadAttention", "KVCache", "exercises", "positional"]
+__all__ = ["softmax", "attention", "masks", "MultiHeadAttention", "KVCache", "tiled_attention",
+           "load_minilm", "mean_pool", "LlamaDecoder", "generate", "exercises", "positional"]
 __version__ = "0.1.0"

@@ -5,17 +5,7 @@ import torch
 
 from attnlib.exercises import (check_causal_mask, check_cross_attention_mask, check_hf_to_mask,
                                check_padding_causal_mask)
-
-
-def stub(*args):
-    raise NotImplementedError
-
-
-def assert_names(result, *phrases):
-    """The check failed (after an attempt) and its message contains every phrase."""
-    assert not result.passed and result.attempted, result
-    for phrase in phrases:
-        assert phrase in result.message, result.message
+from exercise_helpers import assert_names, stub
 
 
 def assert_stub_and_crash(check, crashes):

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from test_exercises_ch01 import assert_names, stub  # the shared stub and message check
+from exercise_helpers import assert_names, stub
 
 from attnlib.exercises import check_fused_qkv, check_merge_heads, check_mha_param_count, check_split_heads
 

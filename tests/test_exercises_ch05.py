@@ -6,17 +6,7 @@ import torch
 from attnlib.exercises.ch05 import (check_find_permutation, check_rope, check_rope_offset_score, check_sinusoidal,
                                     rope_variant)
 from attnlib.positional import RotaryEmbedding, apply_rope, rotate_half, sinusoidal
-
-
-def stub(*args):
-    raise NotImplementedError
-
-
-def assert_names(result, *phrases):
-    """The check failed (after an attempt) and its message contains every phrase."""
-    assert not result.passed and result.attempted, result
-    for phrase in phrases:
-        assert phrase in result.message, result.message
+from exercise_helpers import assert_names, stub
 
 
 def test_rope_variant_defaults_are_attnlib():

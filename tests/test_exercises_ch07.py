@@ -4,17 +4,7 @@ import pytest
 import torch
 
 from attnlib.exercises import check_kv_cache_bytes, check_mean_pool_kv_heads, check_repeat_kv
-
-
-def stub(*args):
-    raise NotImplementedError
-
-
-def assert_names(result, *phrases):
-    """The check failed (after an attempt) and its message contains every phrase."""
-    assert not result.passed and result.attempted, result
-    for phrase in phrases:
-        assert phrase in result.message, result.message
+from exercise_helpers import assert_names, stub
 
 
 # --- repeat_kv ----------------------------------------------------------------------------------

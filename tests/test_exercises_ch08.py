@@ -5,17 +5,7 @@ import torch
 
 from attnlib import KVCache
 from attnlib.exercises import check_cache_update, check_cached_decode, check_left_pad_positions
-
-
-def stub(*args):
-    raise NotImplementedError
-
-
-def assert_names(result, *phrases):
-    """The check failed (after an attempt) and its message contains every phrase."""
-    assert not result.passed and result.attempted, result
-    for phrase in phrases:
-        assert phrase in result.message, result.message
+from exercise_helpers import assert_names, stub
 
 
 # --- one layer's cache update ---------------------------------------------------------------------

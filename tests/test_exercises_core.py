@@ -70,3 +70,16 @@ def test_candidate_error_is_a_plain_failure():
     def check_explicit(candidate) -> str:
         raise CandidateError("your mask is inverted")
     assert check_explicit(None).message == "your mask is inverted"
+
+
+def test_a_candidate_that_calls_sys_exit_is_reported_not_fatal():
+    import sys
+
+    from attnlib.exercises import check_stable_softmax
+
+    def quits(x):
+        sys.exit(3)
+
+    result = check_stable_softmax(quits)
+    assert not result.passed and result.attempted
+    assert "SystemExit" in result.message

@@ -79,7 +79,7 @@ def run(candidate: Callable, *args, what: str = "your function", **kwargs):
         return candidate(*args, **kwargs)
     except NotImplementedError as exc:
         raise _NotAttempted from exc
-    except Exception as exc:  # the reader's bug, reported with its type and line
+    except (Exception, SystemExit) as exc:  # the reader's bug (even sys.exit()), with its type and line
         raise CandidateError(f"{what} raised {type(exc).__name__}: {exc}{_reader_line(exc)}") from None
 
 
