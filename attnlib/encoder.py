@@ -36,6 +36,7 @@ class Embeddings(nn.Module):
         self.dropout = nn.Dropout(dropout)
 
     def forward(self, ids: torch.Tensor, positions: torch.Tensor, token_types: torch.Tensor) -> torch.Tensor:
+        """ids, positions, token_types (B, T) -> LayerNorm(word + position + token-type embeddings) (B, T, D)."""
         x = self.word(ids) + self.position(positions) + self.token_type(token_types)  # (..., D)
         return self.dropout(self.norm(x))
 
