@@ -59,7 +59,8 @@ def head_grid(weights: Sequence[torch.Tensor] | torch.Tensor, tokens: Sequence[s
     """A grid of every layer (rows) and head (columns): weights is [(H, T, T)] per layer or (L, H, T, T).
 
     Each small map is one head's (T, T) weights; tokens label the first column's rows and the last
-    row's columns. Colour scale 0..1, shared by all maps.
+    row's columns when the maps are large enough to read them (else the maps are an overview, in
+    token order). Colour scale 0..1, shared by all maps.
     """
     w = torch.stack(list(weights)) if not torch.is_tensor(weights) else weights
     w = w.detach().float().cpu()
@@ -68,17 +69,19 @@ def head_grid(weights: Sequence[torch.Tensor] | torch.Tensor, tokens: Sequence[s
     L, H, T, _ = w.shape
     fig, axes = plt.subplots(L, H, figsize=(cell_inches * H + 1.0, cell_inches * L + 0.6), squeeze=False)
     labels = _labels(tokens, T)
+    readable = cell_inches * 72 / T >= 7  # points per row: smaller tick labels cannot be read
     for layer in range(L):
         for head in range(H):
             ax = axes[layer][head]
             image = ax.imshow(w[layer, head].numpy(), vmin=0.0, vmax=1.0, cmap="viridis", aspect="auto")
-            ax.set_xticks(range(T), labels if layer == L - 1 else [], rotation=90, fontsize=6)
-            ax.set_yticks(range(T), labels if head == 0 else [], fontsize=6)
+            ax.set_xticks(range(T) if readable else [], labels if readable and layer == L - 1 else [],
+                          rotation=90, fontsize=6)
+            ax.set_yticks(range(T) if readable else [], labels if readable and head == 0 else [], fontsize=6)
             if layer == 0:
                 ax.set_title(f"head {head}", fontsize=8)
             if head == 0:
                 ax.set_ylabel(f"layer {layer}\nquery", fontsize=8)
-    fig.supxlabel("key (attended to)", fontsize=9)
+    fig.supxlabel("key (attended to)" + ("" if readable else ", in token order left to right"), fontsize=9)
     if title:
         fig.suptitle(title)
     fig.tight_layout()
