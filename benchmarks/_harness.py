@@ -1,8 +1,8 @@
 """Side-by-side timing: ours against a reference in alternating rounds, reported as a ratio.
 
 The machines are shared and noisy, so a bare time means little. Each round times both functions
-back to back (in alternating order) and records ours / reference; the result is the median of the
-per-round ratios.
+back to back (in alternating order), each side's time the fastest of a few calls, and records
+ours / reference; the result is the median of the per-round ratios.
 """
 
 from __future__ import annotations
@@ -33,15 +33,18 @@ class Row:
 
 
 def _time(fn: Callable[[], object], repeats: int) -> float:
-    start = time.perf_counter()
+    """The fastest of `repeats` calls: on a shared machine, interference only ever adds time."""
+    best = float("inf")
     for _ in range(repeats):
+        start = time.perf_counter()
         fn()
-    return (time.perf_counter() - start) / repeats
+        best = min(best, time.perf_counter() - start)
+    return best
 
 
 def time_ratio(ours: Callable[[], object], reference: Callable[[], object], *,
                rounds: int = 9, repeats: int = 3, warmup: int = 2) -> float:
-    """Median over `rounds` of time(ours) / time(reference), each the mean of `repeats` calls.
+    """Median over `rounds` of time(ours) / time(reference), each the fastest of `repeats` calls.
 
     Both run under torch.inference_mode(); the order alternates between rounds so that neither
     side always runs on a warmer cache.
