@@ -106,6 +106,7 @@ class RotaryEmbedding(nn.Module):
         # θ_j (Dh/2,), computed as transformers does so that the angles match bit for bit. A plain
         # float32 attribute, not a buffer: model.half() or .to(bfloat16) must not round the angles.
         self.inv_freq = 1.0 / (base ** (torch.arange(0, head_dim, 2, dtype=torch.float) / head_dim))
+        self._cos = self._sin = torch.empty(0, head_dim)  # the table _cos_sin grows, float32 as well
 
     def cos_sin(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """positions (T,) or (B, T) -> cos, sin float32 of shape (T, Dh) or (B, T, Dh)."""
@@ -113,10 +114,20 @@ class RotaryEmbedding(nn.Module):
         return self._cos_sin(positions)
 
     def _cos_sin(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos_sin without the checks: angles pos · θ_j, repeated for both halves of each head."""
-        freqs = positions[..., None].float() * self.inv_freq.to(positions.device)  # (..., T, Dh/2)
-        angles = torch.cat((freqs, freqs), dim=-1)                                  # (..., T, Dh)
-        return angles.cos(), angles.sin()
+        """cos_sin without the checks: rows of a table of cos and sin of pos · θ_j (both halves).
+
+        The table covers positions 0..n-1 and doubles when a larger position comes, so a decode step
+        reads one row instead of recomputing angles in every layer. Its entries are computed as
+        transformers computes them (float32 pos · θ_j, then cos and sin), so they are bit-identical.
+        """
+        n = int(positions.max()) + 1 if positions.numel() else 0
+        if n > self._cos.shape[0] or self._cos.device != positions.device:
+            size = min(max(n, 2 * self._cos.shape[0], 64), self.max_position_embeddings)
+            pos = torch.arange(size, device=positions.device, dtype=torch.float)
+            freqs = pos[:, None] * self.inv_freq.to(positions.device)  # (size, Dh/2)
+            angles = torch.cat((freqs, freqs), dim=-1)                 # (size, Dh)
+            self._cos, self._sin = angles.cos(), angles.sin()
+        return self._cos[positions], self._sin[positions]           # (..., T, Dh) each
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """x (B, H, T, Dh) rotated by positions (T,) or (B, T) (the same for every head)."""

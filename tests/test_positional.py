@@ -159,3 +159,13 @@ def test_more_bad_input_messages():
         RotaryEmbedding(8, 2.5)
     with pytest.raises(TypeError, match=r"positions must be an integer tensor, got torch.bool"):
         LearnedPositional(4, 8)(torch.tensor([True, False]))
+
+
+def test_rope_table_grows_and_stays_bit_identical_to_the_formula():
+    """cos/sin come from a table grown on demand; after growth they equal pos·θ computed directly."""
+    rope = RotaryEmbedding(16, max_position_embeddings=4096)
+    for positions in (torch.arange(3), torch.tensor([[5, 900], [4095, 0]]), torch.arange(70)):
+        cos, sin = rope.cos_sin(positions)
+        freqs = positions[..., None].float() * rope.inv_freq
+        angles = torch.cat((freqs, freqs), dim=-1)
+        assert torch.equal(cos, angles.cos()) and torch.equal(sin, angles.sin())
