@@ -13,7 +13,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import torch  # noqa: E402
 
-from benchmarks._harness import Row, time_ratio  # noqa: E402
+from attnlib.timing import time_ratio  # noqa: E402
+from benchmarks._harness import Row  # noqa: E402
 
 _PASSAGE = (
     "Attention lets every token look at every other token and decide how much of each to take. "

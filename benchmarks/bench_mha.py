@@ -12,7 +12,8 @@ import torch
 from torch import nn
 
 from attnlib import MultiHeadAttention
-from benchmarks._harness import Row, time_ratio
+from attnlib.timing import time_ratio
+from benchmarks._harness import Row
 
 B, T, D, H = 4, 512, 512, 8
 

@@ -14,7 +14,8 @@ import torch.nn.functional as F
 
 from attnlib import attention, tiled_attention
 from attnlib.tiled import peak_memory
-from benchmarks._harness import Row, time_ratio
+from attnlib.timing import time_ratio
+from benchmarks._harness import Row
 
 B, H, DH = 1, 8, 64
 T_TIME = 4096
