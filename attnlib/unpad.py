@@ -3,8 +3,8 @@
 A sentence's hidden states do not depend on the padding around it, so an encoder may drop the padding
 before its layers. Sentences of similar length form a bucket, padded only to its longest (L <= T);
 the buckets are packed, one after another, into one (M, D) tensor, on which every per-token part of a
-block (LayerNorm, FFN, residuals, the attention's projections) runs at once, and attention itself runs
-on each bucket as an (n, L) view, with a padding mask when its lengths differ. Few buckets mean few
+block (LayerNorm, FFN, residuals) runs at once, and the attention layer runs on each bucket as an
+(n, L) view, with a padding mask when its lengths differ. Few buckets mean few
 calls; similar lengths, little waste; views mean no copies between the layers.
 """
 
@@ -13,10 +13,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 
 from attnlib import masks
-from attnlib.mha import MultiHeadAttention, merge_heads, split_heads
+from attnlib.mha import MultiHeadAttention
 
 __all__ = ["Bucket", "buckets", "layout", "attend_buckets", "unpack", "unpack_weights"]
 
@@ -67,38 +66,20 @@ def layout(bs: list[Bucket], T: int, like: torch.Tensor) -> tuple[torch.Tensor, 
 
 def attend_buckets(attn: MultiHeadAttention, z: torch.Tensor, bs: list[Bucket],
                    need_weights: bool) -> tuple[torch.Tensor, list[torch.Tensor]]:
-    """Self-attention of `attn` on packed slots z (M, D), each bucket an (n, L) batch, masked if its lengths differ.
+    """Self-attention of `attn` on packed slots z (M, D): attn itself on each bucket's (n, L, D) view,
+    with a padding mask when the bucket's lengths differ.
 
     Returns the packed output (M, D) and, with need_weights, each bucket's weights (n, H, L, L).
-    Without weights, the projections run once on all M slots and only the attention runs per bucket.
     """
-    if need_weights:
-        return _attend_each(attn, z, bs)
-    D, kv, H = attn.d_model, attn.num_kv_heads * attn.head_dim, attn.num_heads
-    q, k, v = attn.qkv(z).split([D, kv, kv], dim=-1)                                   # (M, D), (M, kv) x 2
-    y, start = torch.empty_like(q), 0                                                  # (M, D)
-    for b in bs:
-        n, L = b.valid.shape
-        rows = slice(start, start + n * L)
-        qb = split_heads(q[rows].view(n, L, D), H)                                     # (n, H, L, Dh)
-        kb, vb = (split_heads(t[rows].view(n, L, kv), attn.num_kv_heads) for t in (k, v))  # (n, H_kv, L, Dh)
-        mask = None if bool(b.valid.all()) else masks.padding_mask(b.valid)           # (n, 1, 1, L)
-        out = F.scaled_dot_product_attention(qb, kb, vb, attn_mask=mask, enable_gqa=H > attn.num_kv_heads,
-                                             dropout_p=attn.dropout if attn.training else 0.0)
-        y[rows] = merge_heads(out).view(n * L, D)                                      # (n, L, D) -> (n·L, D)
-        start += n * L
-    return attn.out(y), []
-
-
-def _attend_each(attn: MultiHeadAttention, z: torch.Tensor, bs: list[Bucket]) -> tuple[torch.Tensor, list]:
-    """attend_buckets with weights: attn itself on each bucket's (n, L, D) view."""
     outs, weights, start = [], [], 0
     for b in bs:
         n, L = b.valid.shape
         mask = None if bool(b.valid.all()) else masks.padding_mask(b.valid)           # (n, 1, 1, L)
-        out, w = attn(z[start:start + n * L].view(n, L, -1), mask=mask, need_weights=True)
+        out = attn(z[start:start + n * L].view(n, L, -1), mask=mask, need_weights=need_weights)
+        if need_weights:
+            out, w = out
+            weights.append(w)                                                         # (n, H, L, L)
         outs.append(out.reshape(n * L, -1))                                           # (n·L, D)
-        weights.append(w)                                                             # (n, H, L, L)
         start += n * L
     return (torch.cat(outs) if outs else z), weights                                  # (M, D)
 
