@@ -143,7 +143,7 @@ class LlamaDecoder(nn.Module):
         their keys and values are appended. attention_mask (B, past + T), 1 = real token.
         """
         B, T = check_token_ids(input_ids).shape
-        lo, hi, V = int(input_ids.min()), int(input_ids.max()), self.embed.num_embeddings
+        (lo, hi), V = (int(m) for m in torch.aminmax(input_ids)), self.embed.num_embeddings
         if lo < 0 or hi >= V:
             raise ValueError(f"input_ids holds token id {lo if lo < 0 else hi}, outside [0, vocab_size={V})")
         past = self._past_length(cache, B)

@@ -134,6 +134,9 @@ class MultiHeadAttention(nn.Module):
             if cache is not None:
                 raise ValueError("cache is for self-attention; cross-attention (context given) "
                                  "recomputes its keys and values")
+            if self.rotary is not None:
+                raise ValueError("rotary is for self-attention: with a context, the keys' positions "
+                                 "are not the queries' positions")
 
     def forward(self, x: torch.Tensor, context: torch.Tensor | None = None,
                 mask: torch.Tensor | None = None, *, is_causal: bool = False,
@@ -152,7 +155,8 @@ class MultiHeadAttention(nn.Module):
             if positions is None:
                 start = cache.get_seq_len(self.layer_idx) if cache is not None else 0
                 positions = torch.arange(start, start + x.shape[1], device=x.device)
-            q, k = self.rotary(q, positions), self.rotary(k, positions)
+            qk = self.rotary(torch.cat((q, k), dim=1), positions)  # one lookup: (B, H + H_kv, T, Dh)
+            q, k = qk.split([self.num_heads, self.num_kv_heads], dim=1)
         if cache is not None:
             k, v = cache.update(self.layer_idx, k, v)  # (B, H_kv, S_past + T, Dh)
         B, _, T, _ = q.shape

@@ -22,22 +22,23 @@ def _positive_int(n: object, name: str) -> int:
     return n
 
 
-def _check_positions(positions: object, limit: int, limit_name: str) -> torch.Tensor:
-    """Return positions if it is an integer tensor (T,) or (B, T) with values in [0, limit)."""
+def _check_positions(positions: object, limit: int, limit_name: str) -> int:
+    """Check that positions is an integer tensor (T,) or (B, T) with values in [0, limit); return max + 1."""
     require_tensor(positions, "positions")
     if positions.is_floating_point() or positions.is_complex() or positions.dtype == torch.bool:
         raise TypeError(f"positions must be an integer tensor, got {positions.dtype}; "
                         f"build it with torch.arange(T)")
     if positions.dim() not in (1, 2):
         raise ValueError(f"positions of shape {fmt_shape(positions.shape)} is not (T,) or (B, T)")
-    if positions.numel():
-        lo, hi = int(positions.min()), int(positions.max())
-        if lo < 0:
-            raise ValueError(f"positions must be >= 0, got {lo}")
-        if hi >= limit:
-            raise ValueError(f"position {hi} is beyond {limit_name}={limit} "
-                             f"(positions must be < {limit})")
-    return positions
+    if not positions.numel():
+        return 0
+    lo, hi = (int(m) for m in torch.aminmax(positions))
+    if lo < 0:
+        raise ValueError(f"positions must be >= 0, got {lo}")
+    if hi >= limit:
+        raise ValueError(f"position {hi} is beyond {limit_name}={limit} "
+                         f"(positions must be < {limit})")
+    return hi + 1
 
 
 def sinusoidal(T: int, D: int, base: float = 10000.0) -> torch.Tensor:
@@ -67,7 +68,8 @@ class LearnedPositional(nn.Module):
 
     def forward(self, positions: torch.Tensor) -> torch.Tensor:
         """positions (T,) or (B, T), integers in [0, max_len) -> (T, D) or (B, T, D)."""
-        return self.table(_check_positions(positions, self.max_len, "max_len"))
+        _check_positions(positions, self.max_len, "max_len")
+        return self.table(positions)
 
 
 def rotate_half(x: torch.Tensor) -> torch.Tensor:
@@ -110,17 +112,16 @@ class RotaryEmbedding(nn.Module):
 
     def cos_sin(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """positions (T,) or (B, T) -> cos, sin float32 of shape (T, Dh) or (B, T, Dh)."""
-        _check_positions(positions, self.max_position_embeddings, "max_position_embeddings")
-        return self._cos_sin(positions)
+        n = _check_positions(positions, self.max_position_embeddings, "max_position_embeddings")
+        return self._cos_sin(positions, n)
 
-    def _cos_sin(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos_sin without the checks: rows of a table of cos and sin of pos · θ_j (both halves).
+    def _cos_sin(self, positions: torch.Tensor, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos_sin without the checks (n = max(positions) + 1): rows of a table of cos and sin of pos · θ_j.
 
         The table covers positions 0..n-1 and doubles when a larger position comes, so a decode step
         reads one row instead of recomputing angles in every layer. Its entries are computed as
         transformers computes them (float32 pos · θ_j, then cos and sin), so they are bit-identical.
         """
-        n = int(positions.max()) + 1 if positions.numel() else 0
         if n > self._cos.shape[0] or self._cos.device != positions.device:
             size = min(max(n, 2 * self._cos.shape[0], 64), self.max_position_embeddings)
             pos = torch.arange(size, device=positions.device, dtype=torch.float)
@@ -134,12 +135,12 @@ class RotaryEmbedding(nn.Module):
         require_float_tensor(x, "x")
         if x.dim() != 4 or x.shape[-1] != self.head_dim:
             raise ValueError(f"x of shape {fmt_shape(x.shape)} is not (B, H, T, Dh) with Dh={self.head_dim}")
-        _check_positions(positions, self.max_position_embeddings, "max_position_embeddings")
+        n = _check_positions(positions, self.max_position_embeddings, "max_position_embeddings")
         B, _, T, _ = x.shape
         if positions.shape[-1] != T or (positions.dim() == 2 and positions.shape[0] != B):
             raise ValueError(f"positions of shape {fmt_shape(positions.shape)} does not fit x of shape "
                              f"{fmt_shape(x.shape)}: expected (T,) = ({T},) or (B, T) = ({B}, {T})")
-        cos, sin = self._cos_sin(positions)
+        cos, sin = self._cos_sin(positions, n)
         return apply_rope(x, cos, sin)
 
     def extra_repr(self) -> str:

@@ -244,6 +244,14 @@ def test_bad_forward_input(args, kwargs, error, message):
         gqa(2)(*args, **kwargs, need_weights=True)
 
 
+def test_rotary_with_a_context_is_an_error():
+    from attnlib.positional import RotaryEmbedding
+
+    m = gqa(2, rotary=RotaryEmbedding(D // H))
+    with pytest.raises(ValueError, match=r"rotary is for self-attention"):
+        m(randn(B, T, D), randn(B, S, D))
+
+
 def test_cache_of_another_batch_is_an_error():
     m, cache = gqa(2), KVCache()
     m(randn(B, T, D), cache=cache)
