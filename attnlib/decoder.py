@@ -32,9 +32,13 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(d_model))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """x (..., D) -> (..., D)."""
+        """x (..., D) -> (..., D).
+
+        F.rms_norm computes work · rsqrt(mean(work²) + eps) in one call (tested bit-identical to that
+        formula and to transformers' LlamaRMSNorm); a decode step runs 2L + 1 of these on one token.
+        """
         work = x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
-        normed = work * torch.rsqrt(work.pow(2).mean(-1, keepdim=True) + self.eps)
+        normed = F.rms_norm(work, (work.shape[-1],), eps=self.eps)
         return self.weight * normed.to(x.dtype)
 
 
@@ -65,13 +69,13 @@ class LlamaBlock(nn.Module):
         self.mlp = SwiGLU(d_model, d_ff, mlp_bias)
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None, cache: KVCache | None,
-                positions: torch.Tensor) -> torch.Tensor:
+                rope: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
         """x (B, T, D) -> (B, T, D); causal attention over the cache and the T new tokens.
 
-        One new token may see every cached key, so its (bottom-right) causal mask is all True: skipped.
+        rope: the (cos, sin) of the T tokens' positions. One new token may see every cached key, so
+        its (bottom-right) causal mask is all True: skipped.
         """
-        x = x + self.attn(self.attn_norm(x), mask=mask, is_causal=x.shape[1] > 1, cache=cache,
-                          positions=positions)
+        x = x + self.attn(self.attn_norm(x), mask=mask, is_causal=x.shape[1] > 1, cache=cache, rope=rope)
         return x + self.mlp(self.mlp_norm(x))
 
 
@@ -148,9 +152,10 @@ class LlamaDecoder(nn.Module):
             raise ValueError(f"input_ids holds token id {lo if lo < 0 else hi}, outside [0, vocab_size={V})")
         past = self._past_length(cache, B)
         positions, mask = self._positions(B, T, past, attention_mask, input_ids.device)
+        rope = self.rotary.cos_sin(positions)                          # cos, sin (T or B, T, Dh): all layers
         x = self.embed(input_ids)                                      # (B, T, D)
         for block in self.blocks:
-            x = block(x, mask, cache, positions)
+            x = block(x, mask, cache, rope)
         return self.lm_head(self.norm(x[:, -1:] if last_only else x))  # (B, T or 1, vocab)
 
     @classmethod

@@ -17,6 +17,7 @@ from attnlib import masks as _masks
 from attnlib._checks import fmt_shape, require_dims, require_float_tensor
 from attnlib.attention import attention
 from attnlib.kv_cache import KVCache
+from attnlib.positional import apply_rope
 
 __all__ = ["MultiHeadAttention", "split_heads", "merge_heads", "repeat_kv"]
 
@@ -141,22 +142,26 @@ class MultiHeadAttention(nn.Module):
     def forward(self, x: torch.Tensor, context: torch.Tensor | None = None,
                 mask: torch.Tensor | None = None, *, is_causal: bool = False,
                 cache: KVCache | None = None, need_weights: bool = False,
-                positions: torch.Tensor | None = None):
+                positions: torch.Tensor | None = None, rope: tuple[torch.Tensor, torch.Tensor] | None = None):
         """x (B, T, D), context (B, S, D) or None (self-attention) -> (B, T, D).
 
         mask: bool, True = may attend, broadcastable to (B, H, T, S); is_causal ANDs the bottom-right
         causal mask. With a cache, the T new tokens attend to every cached position as well.
-        positions (T,) or (B, T): where the T tokens stand, for `rotary` (default: after the cache).
+        positions (T,) or (B, T): where the T tokens stand, for `rotary` (default: after the cache);
+        or rope = rotary.cos_sin(positions), looked up once by a decoder for all its layers.
         need_weights=True also returns the weights (B, H, T, S) actually applied to V.
         """
         self._check_inputs(x, context, cache)
         q, k, v = self._project(x, context)
-        if self.rotary is not None:
-            if positions is None:
+        if self.rotary is not None:  # q and k share positions: one rotation of (B, H + H_kv, T, Dh)
+            if rope is None and positions is None:
                 start = cache.get_seq_len(self.layer_idx) if cache is not None else 0
                 positions = torch.arange(start, start + x.shape[1], device=x.device)
-            qk = self.rotary(torch.cat((q, k), dim=1), positions)  # one lookup: (B, H + H_kv, T, Dh)
+            qk = torch.cat((q, k), dim=1)
+            qk = self.rotary(qk, positions) if rope is None else apply_rope(qk, *rope)
             q, k = qk.split([self.num_heads, self.num_kv_heads], dim=1)
+        elif rope is not None:
+            raise ValueError("rope was given, but this layer has no rotary embedding to apply")
         if cache is not None:
             k, v = cache.update(self.layer_idx, k, v)  # (B, H_kv, S_past + T, Dh)
         B, _, T, _ = q.shape

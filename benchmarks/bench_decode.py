@@ -52,7 +52,7 @@ def rows() -> list[Row]:
         for name, other in (("generate(use_cache=False)", uncached()), ("transformers' generate", theirs())):
             if not torch.equal(tokens, other):
                 raise AssertionError(f"attnlib's cached generate and {name} chose different tokens")
-    speedup = 1.0 / time_ratio(cached, uncached, rounds=5, repeats=2, warmup=0)
+    speedup = 1.0 / time_ratio(cached, uncached, rounds=7, repeats=3, warmup=0)
     per_second = 1.0 / time_ratio(cached, theirs, rounds=7, repeats=1, warmup=0)
     what = f"greedy decode, {NEW} new tokens from {PROMPT}, tiny Llama (D 256, 4 layers, H 8, H_kv 2)"
     return [

@@ -1,5 +1,7 @@
 """attnlib.LlamaDecoder against transformers' LlamaForCausalLM on the same (random) weights."""
 
+import copy
+
 import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
@@ -89,7 +91,10 @@ def test_rmsnorm_and_swiglu_equal_transformers(pair):
         for mine, name in ((ours_mlp.gate, "gate_proj"), (ours_mlp.up, "up_proj"), (ours_mlp.down, "down_proj")):
             mine.weight.copy_(getattr(theirs_mlp, name).weight)
         x = torch.randn(3, 5, 256) * 3
-        torch.testing.assert_close(ours_norm(x), theirs_norm(x), rtol=0, atol=1e-6)
+        assert torch.equal(ours_norm(x), theirs_norm(x))
+        x64, w64 = x.double(), ours_norm.weight.double()
+        formula = w64 * (x64 * torch.rsqrt(x64.pow(2).mean(-1, keepdim=True) + 1e-6))  # float64 throughout
+        assert torch.equal(copy.deepcopy(ours_norm).double()(x64), formula)
         assert torch.equal(ours_norm(x.bfloat16()), theirs_norm(x.bfloat16()))  # fp32 weight: fp32 out
         assert torch.equal(ours_norm.bfloat16()(x.bfloat16()), theirs_norm.bfloat16()(x.bfloat16()))
         torch.testing.assert_close(ours_mlp(x), theirs_mlp(x), rtol=0, atol=1e-5)

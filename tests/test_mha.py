@@ -244,12 +244,24 @@ def test_bad_forward_input(args, kwargs, error, message):
         gqa(2)(*args, **kwargs, need_weights=True)
 
 
-def test_rotary_with_a_context_is_an_error():
+def test_rope_looked_up_once_equals_positions():
+    from attnlib.positional import RotaryEmbedding
+
+    m, x = gqa(2, rotary=RotaryEmbedding(D // H)), randn(B, T, D)
+    for positions in (torch.arange(3, 3 + T), torch.arange(B * T).view(B, T)):
+        rope = m.rotary.cos_sin(positions)  # what LlamaDecoder passes to every layer
+        assert torch.equal(m(x, rope=rope), m(x, positions=positions))
+    assert torch.equal(m(x, rope=m.rotary.cos_sin(torch.arange(T))), m(x))  # default: positions 0..T-1
+
+
+def test_rotary_misuse_is_an_error():
     from attnlib.positional import RotaryEmbedding
 
     m = gqa(2, rotary=RotaryEmbedding(D // H))
     with pytest.raises(ValueError, match=r"rotary is for self-attention"):
         m(randn(B, T, D), randn(B, S, D))
+    with pytest.raises(ValueError, match=r"rope was given, but this layer has no rotary embedding"):
+        gqa(2)(randn(B, T, D), rope=m.rotary.cos_sin(torch.arange(T)))
 
 
 def test_cache_of_another_batch_is_an_error():

@@ -129,6 +129,12 @@ def test_bad_input_messages():
         rope(x, torch.arange(4))
     with pytest.raises(ValueError, match=r"x of shape \(2, 3, 8\) is not \(B, H, T, Dh\) with Dh=8"):
         rope(torch.randn(2, 3, 8), torch.arange(3))
+    cos, sin = rope.cos_sin(torch.arange(4))
+    with pytest.raises(ValueError, match=r"cos of shape \(4, 8\) and sin of shape \(4, 8\) do not fit x of "
+                                         r"shape \(1, 2, 3, 8\): expected \(T, Dh\) or \(B, T, Dh\)"):
+        apply_rope(x, cos, sin)
+    with pytest.raises(ValueError, match=r"cos of shape \(3, 8\) and sin of shape \(4, 8\) do not fit"):
+        apply_rope(x, cos[:3], sin)
     with pytest.raises(ValueError, match=r"head_dim must be even"):
         RotaryEmbedding(7)
     with pytest.raises(ValueError, match=r"D must be even"):
