@@ -152,7 +152,7 @@ class LlamaDecoder(nn.Module):
             raise ValueError(f"input_ids holds token id {lo if lo < 0 else hi}, outside [0, vocab_size={V})")
         past = self._past_length(cache, B)
         positions, mask = self._positions(B, T, past, attention_mask, input_ids.device)
-        rope = self.rotary.cos_sin(positions)                          # cos, sin (T or B, T, Dh): all layers
+        rope = self.rotary.cos_sin(positions)                          # (T, Dh) or (B, T, Dh), every layer
         x = self.embed(input_ids)                                      # (B, T, D)
         for block in self.blocks:
             x = block(x, mask, cache, rope)

@@ -84,10 +84,12 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     cos, sin (T, Dh) broadcast over x's leading dims; (B, T, Dh) with a 4-D x (B, H, T, Dh) gets a
     head axis inserted. They are cast to x's dtype (as transformers' Llama does).
     """
-    if cos.shape != sin.shape or cos.shape[-2:] != x.shape[-2:]:
+    if cos.shape != sin.shape or cos.shape[-2:] != x.shape[-2:] or (
+            x.dim() == 4 and cos.dim() == 3 and cos.shape[0] not in (1, x.shape[0])):
+        T, Dh = x.shape[-2:]
+        batched = f" or (B, T, Dh) = ({x.shape[0]}, {T}, {Dh})" if x.dim() == 4 else ""
         raise ValueError(f"cos of shape {fmt_shape(cos.shape)} and sin of shape {fmt_shape(sin.shape)} do "
-                         f"not fit x of shape {fmt_shape(x.shape)}: expected (T, Dh) or (B, T, Dh) = "
-                         f"(..., {x.shape[-2]}, {x.shape[-1]})")
+                         f"not fit x of shape {fmt_shape(x.shape)}: expected (T, Dh) = ({T}, {Dh}){batched}")
     if x.dim() == 4 and cos.dim() == 3:
         cos, sin = cos[:, None], sin[:, None]  # (B, T, Dh) -> (B, 1, T, Dh): same for every head
     if cos.dtype != x.dtype:

@@ -131,10 +131,13 @@ def test_bad_input_messages():
         rope(torch.randn(2, 3, 8), torch.arange(3))
     cos, sin = rope.cos_sin(torch.arange(4))
     with pytest.raises(ValueError, match=r"cos of shape \(4, 8\) and sin of shape \(4, 8\) do not fit x of "
-                                         r"shape \(1, 2, 3, 8\): expected \(T, Dh\) or \(B, T, Dh\)"):
+                                         r"shape \(1, 2, 3, 8\): expected \(T, Dh\) = \(3, 8\) or \(B, T, Dh\) = \(1, 3, 8\)"):
         apply_rope(x, cos, sin)
     with pytest.raises(ValueError, match=r"cos of shape \(3, 8\) and sin of shape \(4, 8\) do not fit"):
         apply_rope(x, cos[:3], sin)
+    cos, sin = rope.cos_sin(torch.arange(6).view(2, 3))  # (B=2, T, Dh) for an x with B=1
+    with pytest.raises(ValueError, match=r"cos of shape \(2, 3, 8\) and sin of shape \(2, 3, 8\) do not fit x"):
+        apply_rope(x, cos, sin)
     with pytest.raises(ValueError, match=r"head_dim must be even"):
         RotaryEmbedding(7)
     with pytest.raises(ValueError, match=r"D must be even"):
