@@ -4,21 +4,17 @@ Runs over _build/html. `make test` builds the book first and sets ATTNBOOK_REQUI
 missing build fails there; a bare `pytest` without a build skips these tests and says why.
 """
 
-import os
 import re
 from html.parser import HTMLParser
 from pathlib import Path
 
 import pytest
+from built_book import HTML, rel, require_build
 
-HTML = Path(__file__).resolve().parents[1] / "_build" / "html"
 EXTERNAL = re.compile(r"^(?:[a-z][a-z0-9+.-]*:)?//", re.IGNORECASE)  # http://, https://, //host
 CSS_URL = re.compile(r"""url\(\s*['"]?([^'")]+)""")
 
-if not (HTML / "index.html").exists():
-    if os.environ.get("ATTNBOOK_REQUIRE_BUILD") == "1":
-        raise RuntimeError(f"{HTML} has no index.html: build the book before these tests")
-    pytest.skip(f"no built book in {HTML}: run `make book` first", allow_module_level=True)
+require_build()
 
 
 class _Loads(HTMLParser):
@@ -57,7 +53,7 @@ def test_pages_exist():
     assert {"intro.html", "glossary.html"} <= names
 
 
-@pytest.mark.parametrize("page", _pages(), ids=lambda p: str(p.relative_to(HTML)))
+@pytest.mark.parametrize("page", _pages(), ids=rel)
 def test_page_loads_nothing_external(page):
     external = [u for u in _loads(page) if EXTERNAL.match(u)]
     assert not external, f"{page.name} loads {external}"
@@ -68,7 +64,7 @@ def test_stylesheets_load_nothing_external():
         text = css.read_text(encoding="utf-8", errors="replace")
         external = [u for u in CSS_URL.findall(text) if EXTERNAL.match(u)]
         external += [u for u in re.findall(r"""@import\s+['"]([^'"]+)""", text) if EXTERNAL.match(u)]
-        assert not external, f"{css.relative_to(HTML)} loads {external}"
+        assert not external, f"{rel(css)} loads {external}"
 
 
 def test_math_uses_the_bundled_mathjax():

@@ -29,9 +29,8 @@ from pathlib import Path
 from urllib.parse import unquote, urljoin, urlsplit
 
 import pytest
+from built_book import HTML, ROOT, rel, require_build
 
-ROOT = Path(__file__).resolve().parents[1]
-HTML = Path(os.environ.get("ATTNBOOK_HTML") or ROOT / "_build" / "html").resolve()
 CHROMIUM = os.environ.get("ATTNBOOK_CHROMIUM", "/usr/bin/chromium")
 # As on this machine's other browser checks; without the background-networking flags Chromium
 # tries Google's hosts at every start.
@@ -46,10 +45,7 @@ PHONE = {"width": 390, "height": 844}
 TIMEOUT_MS = 30_000
 GENERATED = {"genindex.html", "search.html", "py-modindex.html"}  # Sphinx's own pages: no source
 
-if not (HTML / "index.html").exists():
-    if os.environ.get("ATTNBOOK_REQUIRE_BUILD") == "1":
-        raise RuntimeError(f"{HTML} has no index.html: build the book before these tests")
-    pytest.skip(f"no built book in {HTML}: run `make book` first", allow_module_level=True)
+require_build()
 
 
 def _pages() -> list[Path]:
@@ -57,10 +53,6 @@ def _pages() -> list[Path]:
     return sorted(p for p in HTML.rglob("*.html")
                   if p.relative_to(HTML).parts[0] not in ("_static", "_sources", "_downloads", "_images")
                   and p != HTML / "index.html")
-
-
-def _rel(page: Path) -> str:
-    return page.relative_to(HTML).as_posix()
 
 
 class _Links(HTMLParser):
@@ -90,27 +82,27 @@ def _target(page: Path, href: str) -> Path:
 
 # --- download links (no browser needed) ------------------------------------------------------
 
-@pytest.mark.parametrize("page", [p for p in _pages() if _rel(p) not in GENERATED], ids=_rel)
+@pytest.mark.parametrize("page", [p for p in _pages() if rel(p) not in GENERATED], ids=rel)
 def test_download_links_point_into_the_book(page):
     hrefs = _downloads(page)
-    assert hrefs, f"{_rel(page)} has no download button"
+    assert hrefs, f"{rel(page)} has no download button"
     for href in hrefs:
-        assert not urlsplit(href).scheme and not href.startswith("//"), f"{_rel(page)} downloads {href} from outside"
+        assert not urlsplit(href).scheme and not href.startswith("//"), f"{rel(page)} downloads {href} from outside"
         target = _target(page, href)
-        assert target.is_relative_to(HTML), f"{_rel(page)}: {href} points outside the built book"
-        assert target.is_file(), f"{_rel(page)}: download {href} is missing ({target})"
+        assert target.is_relative_to(HTML), f"{rel(page)}: {href} points outside the built book"
+        assert target.is_file(), f"{rel(page)}: download {href} is missing ({target})"
 
 
-@pytest.mark.parametrize("page", [p for p in _pages() if _rel(p).startswith("chapters/")], ids=_rel)
+@pytest.mark.parametrize("page", [p for p in _pages() if rel(p).startswith("chapters/")], ids=rel)
 def test_chapter_downloads_its_executed_notebook(page):
     notebooks = [h for h in _downloads(page) if urlsplit(h).path.endswith(".ipynb")]
-    assert notebooks, f"{_rel(page)} offers no .ipynb download"
+    assert notebooks, f"{rel(page)} offers no .ipynb download"
     target = _target(page, notebooks[0])
     nb = json.loads(target.read_text(encoding="utf-8"))
     assert nb.get("nbformat") == 4 and nb.get("cells"), f"{target} is not a notebook"
     assert any(c.get("outputs") for c in nb["cells"] if c["cell_type"] == "code"), \
         f"{target} has no outputs: the reader would download an unexecuted notebook"
-    committed = HTML.parents[1] / Path(_rel(page)).with_suffix(".ipynb")
+    committed = ROOT / Path(rel(page)).with_suffix(".ipynb")
     if committed.exists():  # the build copies the source: the reader gets what the repository holds
         assert target.read_bytes() == committed.read_bytes(), f"{target} differs from {committed}"
 
@@ -169,7 +161,7 @@ def browser(tmp_path_factory):
 class _Visit:
     """One page opened in the browser, with what went wrong while it loaded."""
 
-    def __init__(self, browser, base: str, rel: str, viewport: dict) -> None:
+    def __init__(self, browser, base: str, path: str, viewport: dict) -> None:
         self.origin = urlsplit(base).netloc
         self.external: list[str] = []
         self.missing: list[str] = []
@@ -180,7 +172,7 @@ class _Visit:
         self.page.on("response", self._response)
         self.page.on("console", lambda m: m.type == "error" and self.console.append(m.text))
         self.page.on("pageerror", lambda e: self.console.append(f"uncaught: {e}"))
-        self.page.goto(urljoin(base, rel), wait_until="load")
+        self.page.goto(urljoin(base, path), wait_until="load")
 
     def _route(self, route) -> None:
         url = urlsplit(route.request.url)
@@ -205,8 +197,8 @@ class _Visit:
 def visit(browser, server):
     opened: list[_Visit] = []
 
-    def open_page(rel: str, viewport: dict = DESKTOP) -> _Visit:
-        opened.append(_Visit(browser, server, rel, viewport))
+    def open_page(path: str, viewport: dict = DESKTOP) -> _Visit:
+        opened.append(_Visit(browser, server, path, viewport))
         return opened[-1]
 
     yield open_page
@@ -246,9 +238,9 @@ def _has_math(page: Path) -> bool:
     return 'class="math notranslate' in page.read_text(encoding="utf-8")
 
 
-@pytest.mark.parametrize("page", _pages(), ids=_rel)
+@pytest.mark.parametrize("page", _pages(), ids=rel)
 def test_page_renders_offline(visit, page):
-    v = visit(_rel(page))
+    v = visit(rel(page))
     math = v.page.evaluate(MATH_JS)
     images = v.page.evaluate(IMAGES_JS)
     for href in _downloads(page):
@@ -270,13 +262,13 @@ def test_page_renders_offline(visit, page):
         problems.append(f"missing: {v.missing}")
     if v.console_errors():
         problems.append(f"console errors: {v.console_errors()}")
-    assert not problems, f"{_rel(page)}:\n  " + "\n  ".join(problems)
+    assert not problems, f"{rel(page)}:\n  " + "\n  ".join(problems)
 
 
-@pytest.mark.parametrize("page", _pages(), ids=_rel)
+@pytest.mark.parametrize("page", _pages(), ids=rel)
 def test_page_fits_a_phone(visit, page):
     """At 390 px wide, wide tables, code and figures scroll inside their own box, not the page."""
-    v = visit(_rel(page), PHONE)
+    v = visit(rel(page), PHONE)
     v.page.evaluate(MATH_JS)  # typeset formulas have their final width
     overflow = v.page.evaluate("""() => {
         const width = document.documentElement.clientWidth;
@@ -287,7 +279,7 @@ def test_page_fits_a_phone(visit, page):
         return {scrollWidth: document.documentElement.scrollWidth, width,
                 culprits: wide.slice(0, 5).map(e => `${e.tagName.toLowerCase()}.${e.className}`)};
     }""")
-    assert overflow["scrollWidth"] <= overflow["width"], f"{_rel(page)} scrolls sideways on a phone: {overflow}"
+    assert overflow["scrollWidth"] <= overflow["width"], f"{rel(page)} scrolls sideways on a phone: {overflow}"
 
 
 def test_index_redirects_to_the_first_page(visit):
