@@ -147,12 +147,18 @@ def test_permuting_keys_and_values_together_changes_nothing(S, seed):
      "mask of shape (2, 1, 1, 5) does not broadcast to scores (2, 5, 5)"),
     ((rand(5, 4), rand(5, 4), rand(5, 4), torch.ones(5, 5)), {}, TypeError, "mask must be a bool tensor"),
     ((rand(5, 4), rand(5, 4), rand(5, 4), [[True]]), {}, TypeError, "mask must be a torch.Tensor, got list"),
-    ((rand(5, 4), rand(5, 4), rand(5, 4)), {"dropout_p": 1.0}, ValueError, "dropout_p must be in [0, 1)"),
 ])
-def test_bad_input_gives_a_clear_error(args, kwargs, error, message):
+@pytest.mark.parametrize("fn", [attnlib.attention, attnlib.tiled_attention], ids=lambda f: f.__name__)
+def test_bad_input_gives_a_clear_error(fn, args, kwargs, error, message):
+    """attention and tiled_attention share their argument checks: the same bad input, the same message."""
     with pytest.raises(error) as info:
-        attnlib.attention(*args, **kwargs)
+        fn(*args, **kwargs)
     assert message in str(info.value)
+
+
+def test_bad_dropout_gives_a_clear_error():
+    with pytest.raises(ValueError, match=r"dropout_p must be in \[0, 1\)"):
+        attnlib.attention(rand(5, 4), rand(5, 4), rand(5, 4), dropout_p=1.0)
 
 
 def test_softmax_rejects_integer_input():
