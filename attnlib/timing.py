@@ -1,9 +1,10 @@
-"""Timing on a shared, noisy machine: a best-of-n wall time, and ours / reference side by side.
+"""What a call costs: a best-of-n wall time, ours / reference side by side, and counted FLOPs.
 
 A bare time says little here (other processes share the two cores), so comparisons are ratios:
 each round times both functions back to back, in alternating order, each side the fastest of a
 few calls, and the result is the median of the per-round ratios. `make bench` and the chapters
-that time things (chapter 9) use these.
+that time things (chapter 9) use these. A FLOP count does not depend on the machine at all:
+count_flops gets it from PyTorch (chapters 4 and 10).
 """
 
 from __future__ import annotations
@@ -13,8 +14,9 @@ import time
 from collections.abc import Callable
 
 import torch
+from torch.utils.flop_counter import FlopCounterMode
 
-__all__ = ["best_time", "time_ratio"]
+__all__ = ["best_time", "time_ratio", "count_flops"]
 
 
 def best_time(fn: Callable[[], object], repeats: int = 3) -> float:
@@ -46,3 +48,14 @@ def time_ratio(ours: Callable[[], object], reference: Callable[[], object], *,
                 t_ref, t_ours = best_time(reference, repeats), best_time(ours, repeats)
             ratios.append(t_ours / t_ref)
     return statistics.median(ratios)
+
+
+def count_flops(fn: Callable[[], object]) -> int:
+    """FLOPs of fn() as torch's FlopCounterMode counts them: 2 per multiply-add of every matrix product
+    (and of SDPA); elementwise work such as the softmax is not counted.
+
+    Run fn on tensors (and modules) on the "meta" device to count without computing or allocating.
+    """
+    with torch.no_grad(), FlopCounterMode(display=False) as counter:
+        fn()
+    return counter.get_total_flops()

@@ -291,3 +291,17 @@ def test_split_heads_bad_input():
         split_heads(randn(B, T, D), 3)
     with pytest.raises(ValueError, match=r"x of shape \(5, 16\) is not \(B, T, D\)"):
         split_heads(randn(T, D), 4)
+
+
+@pytest.mark.parametrize("num_kv_heads", [8, 2, 1])
+@pytest.mark.parametrize("need_weights", [False, True])
+def test_counted_flops_equal_the_formula(num_kv_heads, need_weights):
+    """2·B·T·D·(D + 2·H_kv·Dh) for the input projections, 2·B·T·D² for W_o, 4·B·T²·D for attention."""
+    from attnlib.timing import count_flops
+
+    B_, T_, D_, H_ = 2, 64, 128, 8
+    with torch.device("meta"):
+        m = MultiHeadAttention(D_, H_, num_kv_heads)
+        x = torch.empty(B_, T_, D_)
+    projections = 2 * B_ * T_ * D_ * (D_ + 2 * num_kv_heads * (D_ // H_)) + 2 * B_ * T_ * D_ * D_
+    assert count_flops(lambda: m(x, need_weights=need_weights)) == projections + 4 * B_ * T_ * T_ * D_
