@@ -12,7 +12,7 @@ export TRANSFORMERS_VERBOSITY := error
 export PYTHONHASHSEED := 0
 unexport MPLBACKEND
 
-.PHONY: book test bench clean
+.PHONY: book test test-portable lab bench clean
 
 $(PY):
 	python3 -m venv $(VENV)
@@ -36,6 +36,23 @@ test: $(VENV)/.test
 	ATTNBOOK_REQUIRE_BUILD=1 $(PY) -m pytest tests chapters
 	@test -x /usr/bin/chromium || echo "NOTE: the browser test was SKIPPED: /usr/bin/chromium not found (apt-get install -y --no-install-recommends chromium)"
 	@echo "All tests passed; book built at file://$(CURDIR)/_build/html/index.html"
+
+# nbval again with the instruction sets capped to no SIMD (the strictest emulated CPU, RECIPES):
+# stored outputs must reproduce on any x86-64 CPU, not only on the one that executed them.
+NO_SIMD := ATEN_CPU_CAPABILITY=default MKL_ENABLE_INSTRUCTIONS=SSE4_2 ONEDNN_MAX_CPU_ISA=SSE41
+test-portable: $(VENV)/.test
+	$(NO_SIMD) $(PY) -c "import torch; print('nbval under CPU capability', torch.backends.cpu.get_cpu_capability())"
+	$(NO_SIMD) $(PY) -m pytest chapters
+
+# JupyterLab in .venv, its kernel the .venv's Python: JUPYTER_PATH puts the .venv's kernelspec
+# ahead of any `python3` kernel a reader installed for another Python.
+$(VENV)/.lab: $(VENV)/.book
+	$(PIP) install --quiet jupyterlab
+	$(PY) -m ipykernel install --sys-prefix --name python3 --display-name "Python 3 (attention-book .venv)"
+	touch $@
+
+lab: $(VENV)/.lab
+	JUPYTER_PATH=$(CURDIR)/$(VENV)/share/jupyter $(VENV)/bin/jupyter lab --notebook-dir=$(CURDIR) chapters
 
 bench: $(VENV)/.test
 	$(PY) -m benchmarks
