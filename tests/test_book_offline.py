@@ -4,12 +4,14 @@ Runs over _build/html. `make test` builds the book first and sets ATTNBOOK_REQUI
 missing build fails there; a bare `pytest` without a build skips these tests and says why.
 """
 
+import os
 import re
+import sys
 from html.parser import HTMLParser
 from pathlib import Path
 
 import pytest
-from built_book import HTML, rel, require_build
+from built_book import HTML, ROOT, rel, require_build
 
 EXTERNAL = re.compile(r"^(?:[a-z][a-z0-9+.-]*:)?//", re.IGNORECASE)  # http://, https://, //host
 CSS_URL = re.compile(r"""url\(\s*['"]?([^'")]+)""")
@@ -75,3 +77,68 @@ def test_math_uses_the_bundled_mathjax():
         target = (HTML / "intro.html").parent / url.split("?")[0]
         assert target.exists(), f"MathJax at {url} is not in the built book"
     assert r"\(" in intro or "math notranslate" in intro
+
+
+# Paths that exist only on the machine that built the book: the checkout, the Python environment,
+# the home directory. A traceback or a warning printed while executing a chapter carries them.
+BUILD_PATHS = sorted({str(ROOT), sys.prefix, sys.base_prefix, os.path.expanduser("~")} - {"/", ""}) \
+    + ["site-packages"]
+TEXT_FILES = ("*.html", "*.txt", "*.ipynb", "*.js", "*.json")
+
+
+def _text_files():
+    return sorted({f for pattern in TEXT_FILES for f in HTML.rglob(pattern)
+                   if not rel(f).startswith("_static/")})  # the theme's own assets hold no output
+
+
+@pytest.mark.parametrize("path", _text_files(), ids=rel)
+def test_no_path_of_the_build_machine(path):
+    text = path.read_text(encoding="utf-8", errors="replace")
+    found = [p for p in BUILD_PATHS if p in text]
+    assert not found, f"{rel(path)} shows {found} (a traceback or a warning of the build?)"
+
+
+class _Tracebacks(HTMLParser):
+    """The text of each error output (myst-nb's div.output.traceback) of a page."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.outputs: list[str] = []
+        self._depth = 0
+
+    def handle_starttag(self, tag, attrs):
+        if self._depth:
+            self._depth += tag == "div"
+        elif tag == "div" and {"output", "traceback"} <= set((dict(attrs).get("class") or "").split()):
+            self._depth = 1
+            self.outputs.append("")
+
+    def handle_endtag(self, tag):
+        if self._depth and tag == "div":
+            self._depth -= 1
+
+    def handle_data(self, data):
+        if self._depth:
+            self.outputs[-1] += data
+
+
+def _error_outputs(page: Path) -> list[str]:
+    parser = _Tracebacks()
+    parser.feed(page.read_text(encoding="utf-8"))
+    return [t.strip() for t in parser.outputs]
+
+
+ERROR_PAGES = [p for p in _pages() if _error_outputs(p)]
+FRAME = re.compile(r"Traceback \(most recent call last\)|^\s*File \S|Cell In\[|^-+>", re.MULTILINE)
+
+
+def test_the_chapters_that_raise_on_purpose_are_checked():
+    assert {p.stem[:2] for p in ERROR_PAGES} >= {"03", "05", "07", "08"}, [rel(p) for p in ERROR_PAGES]
+
+
+@pytest.mark.parametrize("page", ERROR_PAGES, ids=rel)
+def test_errors_show_type_and_message_without_frames(page):
+    for text in _error_outputs(page):
+        assert re.match(r"[A-Za-z_][\w.]*(Error|Exception|Warning): \S", text), \
+            f"{rel(page)}: an error output does not start with `Type: message`: {text[:200]!r}"
+        assert not FRAME.search(text), f"{rel(page)}: an error output shows traceback frames: {text[:300]!r}"

@@ -5,7 +5,8 @@ Debian's Chromium driven by the `playwright` package (never `playwright install`
 browser). On every page: the bundled MathJax typesets every formula (no TeX error), every image
 loads, no request goes to any other host (each one is aborted and reported), nothing the page
 needs is missing (HTTP >= 400), and the console shows no error beyond two known benign ones. At a
-phone's width no page scrolls sideways as a whole. Every "download" link of the theme (.ipynb for
+phone's width no page scrolls sideways as a whole. A cell that raises on purpose shows its message
+whole: its last word lies inside the output's box, at a phone's width and at a desktop's. Every "download" link of the theme (.ipynb for
 the chapters) points at a file in the built book, and a chapter's .ipynb is the committed notebook.
 
 Environment:
@@ -294,3 +295,34 @@ def test_search_works_offline(visit):
     v.page.wait_for_selector("#search-results ul.search li", timeout=TIMEOUT_MS)
     hits = v.page.locator("#search-results ul.search li").count()
     assert hits > 0 and not v.external and not v.console_errors()
+
+
+# For each error output: where the last word of its message lies, against the box that shows it.
+ERROR_JS = """() => Array.from(document.querySelectorAll('div.output.traceback')).map(box => {
+    const walker = document.createTreeWalker(box.querySelector('pre'), NodeFilter.SHOW_TEXT);
+    let last = null;
+    for (let n = walker.nextNode(); n; n = walker.nextNode()) if (n.textContent.trim()) last = n;
+    const text = last.textContent.replace(/\\s+$/, '');
+    const range = document.createRange();
+    range.setStart(last, text.search(/\\S+$/));
+    range.setEnd(last, text.length);
+    const word = range.getBoundingClientRect(), b = box.getBoundingClientRect();
+    return {word: range.toString(), left: word.left, right: word.right, boxLeft: b.left, boxRight: b.right,
+            viewport: document.documentElement.clientWidth};
+})"""
+
+
+def _error_pages() -> list[Path]:
+    return [p for p in _pages() if 'class="output traceback' in p.read_text(encoding="utf-8")]
+
+
+@pytest.mark.parametrize("viewport", [PHONE, DESKTOP], ids=["390px", "1280px"])
+@pytest.mark.parametrize("page", _error_pages(), ids=rel)
+def test_error_message_is_read_whole(visit, page, viewport):
+    v = visit(rel(page), viewport)
+    errors = v.page.evaluate(ERROR_JS)
+    assert errors, f"{rel(page)} has no error output in the browser"
+    for e in errors:
+        inside = e["boxLeft"] - 1 <= e["left"] and e["right"] <= min(e["boxRight"], e["viewport"]) + 1
+        assert inside, f"{rel(page)} at {viewport['width']} px: the message's last word {e['word']!r} " \
+                       f"lies outside its box: {e}"
