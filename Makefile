@@ -45,14 +45,15 @@ test-portable: $(VENV)/.test
 	$(NO_SIMD) $(PY) -m pytest chapters
 
 # JupyterLab in .venv, its kernel the .venv's Python: JUPYTER_PATH puts the .venv's kernelspec
-# ahead of any `python3` kernel a reader installed for another Python.
+# ahead of any `python3` kernel a reader installed for another Python. LAB_ARGS: e.g. --no-browser.
 $(VENV)/.lab: $(VENV)/.book
 	$(PIP) install --quiet jupyterlab
 	$(PY) -m ipykernel install --sys-prefix --name python3 --display-name "Python 3 (attention-book .venv)"
 	touch $@
 
 lab: $(VENV)/.lab
-	JUPYTER_PATH=$(CURDIR)/$(VENV)/share/jupyter $(VENV)/bin/jupyter lab --notebook-dir=$(CURDIR) chapters
+	JUPYTER_PATH=$(CURDIR)/$(VENV)/share/jupyter $(VENV)/bin/jupyter lab --ServerApp.root_dir=$(CURDIR)/chapters \
+	    $(if $(filter 0,$(shell id -u)),--allow-root) $(LAB_ARGS)
 
 bench: $(VENV)/.test
 	$(PY) -m benchmarks
