@@ -12,8 +12,7 @@ the chapters) points at a file in the built book, and a chapter's .ipynb is the 
 Environment:
   ATTNBOOK_HTML             the built book to test (default: _build/html of this repository)
   ATTNBOOK_REQUIRE_BUILD=1  a missing build fails instead of skipping (`make test` sets it)
-  ATTNBOOK_CHROMIUM         the browser (default /usr/bin/chromium)
-  ATTNBOOK_REQUIRE_BROWSER=1  a missing browser or playwright fails instead of skipping (CI sets it)
+  ATTNBOOK_CHROMIUM, ATTNBOOK_REQUIRE_BROWSER: see tests/chromium.py
 """
 
 from __future__ import annotations
@@ -31,12 +30,8 @@ from urllib.parse import unquote, urljoin, urlsplit
 
 import pytest
 from built_book import HTML, ROOT, rel, require_build
+from chromium import CHROMIUM, CHROMIUM_FLAGS, require_browser
 
-CHROMIUM = os.environ.get("ATTNBOOK_CHROMIUM", "/usr/bin/chromium")
-# As on this machine's other browser checks; without the background-networking flags Chromium
-# tries Google's hosts at every start.
-CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                  "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 BENIGN_CONSOLE = [
     re.compile(r"THEBE_JS_URL.*already been declared"),  # sphinx-thebe's inline script, included twice
     re.compile(r"Got invalid theme mode"),  # pydata-sphinx-theme before the mode is stored
@@ -110,17 +105,6 @@ def test_chapter_downloads_its_executed_notebook(page):
 
 # --- the browser -----------------------------------------------------------------------------
 
-def _unavailable() -> str | None:
-    """Why the browser test cannot run here, or None."""
-    if not Path(CHROMIUM).exists():
-        return f"{CHROMIUM} not found (apt-get install -y --no-install-recommends chromium)"
-    try:
-        import playwright.sync_api  # noqa: F401
-    except ImportError:
-        return "the playwright package is not installed (pip install -e '.[test]')"
-    return None
-
-
 class _QuietHandler(SimpleHTTPRequestHandler):
     def log_message(self, format, *args):  # noqa: A002 (the base class's name)
         pass
@@ -141,11 +125,7 @@ def server():
 @pytest.fixture(scope="module")
 def browser(tmp_path_factory):
     """A Chromium with a fresh, empty profile; skips (or fails, if required) without one."""
-    reason = _unavailable()
-    if reason:
-        if os.environ.get("ATTNBOOK_REQUIRE_BROWSER") == "1":
-            pytest.fail(f"browser test required (ATTNBOOK_REQUIRE_BROWSER=1) but {reason}")
-        pytest.skip(f"browser test skipped: {reason}")
+    require_browser()
     from playwright.sync_api import sync_playwright
 
     profile = tmp_path_factory.mktemp("chromium-profile")
