@@ -20,7 +20,8 @@ from torch import nn
 
 from attnlib import masks as _masks
 from attnlib.positional import sinusoidal
-from attnlib.transformer import DecoderCache, Transformer
+from attnlib.cross_attention import DecoderCache
+from attnlib.transformer import Transformer
 
 __all__ = ["SRC_VOCAB", "TGT_VOCAB", "PAD", "BOS", "date_words", "date_split", "encode_dates", "shift_right",
            "Seq2Seq", "train", "greedy_decode", "exact_match"]

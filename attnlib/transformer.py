@@ -6,8 +6,8 @@
 Each encoder layer is chapter 6's block (self-attention, then a feed-forward network, each with a
 residual and a LayerNorm); each decoder layer runs causal self-attention, cross-attention over the
 memory, then the feed-forward network. The final LayerNorms are where torch.nn.Transformer has them.
-Cached decoding (DecoderCache) keeps the self-attention keys and values per layer in a KVCache and
-projects the memory to cross-attention keys and values once per source.
+Cached decoding (attnlib.cross_attention.DecoderCache) keeps the self-attention keys and values per
+layer in a KVCache and projects the memory to cross-attention keys and values once per source.
 """
 
 from __future__ import annotations
@@ -15,17 +15,16 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from attnlib import masks as _masks
 from attnlib._checks import fmt_shape, require_float_tensor
+from attnlib.cross_attention import DecoderCache, attend_memory, memory_kv
 from attnlib.encoder import EncoderLayer
-from attnlib.kv_cache import KVCache
-from attnlib.mha import MultiHeadAttention, merge_heads, split_heads
+from attnlib.mha import MultiHeadAttention
 from attnlib.transformer_torch import copy_torch_weights, torch_config
 
-__all__ = ["Transformer", "DecoderLayer", "DecoderCache", "feed_forward", "memory_kv", "attend_memory"]
+__all__ = ["Transformer", "DecoderLayer", "feed_forward"]
 
 ACTIVATIONS = {"relu": nn.ReLU, "gelu": nn.GELU}
 
@@ -34,48 +33,6 @@ def feed_forward(d_model: int, dim_feedforward: int, activation: str = "relu", d
     """FFN(x) = W_2 dropout(act(W_1 x + b_1)) + b_2, W_1: D -> d_ff, W_2: d_ff -> D, as nn.Transformer's layers."""
     return nn.Sequential(nn.Linear(d_model, dim_feedforward), ACTIVATIONS[activation](), nn.Dropout(dropout),
                          nn.Linear(dim_feedforward, d_model))
-
-
-def memory_kv(attn: MultiHeadAttention, memory: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """The keys and values cross-attention `attn` computes from memory (B, S, D), with attn's own weights.
-
-    k, v (B, H_kv, S, Dh) each: rows [W_k; W_v] of attn.qkv (its rows are [W_q; W_k; W_v]) applied to
-    the memory. They depend on the source only, so a decoder computes them once per source.
-    """
-    D = attn.d_model
-    bias = attn.qkv.bias[D:] if attn.qkv.bias is not None else None
-    k, v = F.linear(memory, attn.qkv.weight[D:], bias).chunk(2, dim=-1)  # (B, S, H_kv·Dh) each
-    return split_heads(k, attn.num_kv_heads), split_heads(v, attn.num_kv_heads)
-
-
-def attend_memory(attn: MultiHeadAttention, x: torch.Tensor, kv: tuple[torch.Tensor, torch.Tensor],
-                  mask: torch.Tensor | None = None) -> torch.Tensor:
-    """attn(x, memory, mask) for x (B, T, D) when kv = memory_kv(attn, memory) is already computed -> (B, T, D)."""
-    D = attn.d_model
-    bias = attn.qkv.bias[:D] if attn.qkv.bias is not None else None
-    q = split_heads(F.linear(x, attn.qkv.weight[:D], bias), attn.num_heads)  # (B, H, T, Dh)
-    k, v = kv
-    y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=attn.dropout if attn.training else 0.0,
-                                       enable_gqa=attn.num_heads > attn.num_kv_heads)
-    return attn.out(merge_heads(y))  # (B, H, T, Dh) -> (B, T, D) -> W_o
-
-
-class DecoderCache:
-    """What cached decoding keeps: `self_attn`, a KVCache of every decoder layer's self-attention keys
-    and values (one position more per step), and `cross`, each layer's memory_kv (computed at the first
-    step). One cache belongs to one source batch: start a new DecoderCache() for another source."""
-
-    def __init__(self) -> None:
-        self.self_attn = KVCache()
-        self.cross: list[tuple[torch.Tensor, torch.Tensor]] = []
-
-    @property
-    def seq_len(self) -> int:
-        """Target positions decoded so far."""
-        return self.self_attn.seq_len
-
-    def __repr__(self) -> str:
-        return f"DecoderCache(seq_len={self.seq_len}, cross layers={len(self.cross)})"
 
 
 class DecoderLayer(nn.Module):
@@ -193,7 +150,7 @@ class Transformer(nn.Module):
         B, T, _ = _check_input(tgt, "tgt", self.d_model).shape
         S = _check_input(memory, "memory", self.d_model, batch=B).shape[1]
         if cache is not None and not isinstance(cache, DecoderCache):
-            raise TypeError(f"cache must be an attnlib.transformer.DecoderCache, got {type(cache).__name__}")
+            raise TypeError(f"cache must be an attnlib.cross_attention.DecoderCache, got {type(cache).__name__}")
         past = cache.seq_len if cache is not None else 0
         tgt_mask = _check_named_mask(tgt_mask, "tgt_mask", (B, self.num_heads, T, past + T))
         memory_mask = _check_named_mask(memory_mask, "memory_mask", (B, self.num_heads, T, S))

@@ -55,17 +55,19 @@ def torch_config(m: nn.Transformer) -> dict:
     if any(layer.linear1.bias is None or layer.linear2.bias is None for layer in enc + dec):
         raise ValueError("bias=False is not modelled: attnlib.Transformer's linear layers have biases")
     norms = [(m.encoder.norm, "encoder.norm"), (m.decoder.norm, "decoder.norm")]
-    norms += [(getattr(layer, f"norm{j}"), f"{part}.layers[{i}].norm{j}") for part, layers in
-              (("encoder", enc), ("decoder", dec)) for i, layer in enumerate(layers) for j in range(1, 3 + (part == "decoder"))]
+    for part, stack, count in (("encoder", enc, 2), ("decoder", dec, 3)):
+        norms += [(getattr(layer, f"norm{j}"), f"{part}.layers[{i}].norm{j}")
+                  for i, layer in enumerate(stack) for j in range(1, count + 1)]
     eps = {_norm_eps(norm, where) for norm, where in norms}
     layers = enc + dec
+    modules = [mod for layer in layers for mod in layer.modules()]
     options = {
         "norm_first": {layer.norm_first for layer in layers},
         "activation": {_activation_name(layer.activation) for layer in layers},
         "dim_feedforward": {layer.linear1.out_features for layer in layers},
         "layer_norm_eps": eps,
-        "dropout": {mod.p for layer in layers for mod in layer.modules() if isinstance(mod, nn.Dropout)}
-                   | {mod.dropout for layer in layers for mod in layer.modules() if isinstance(mod, nn.MultiheadAttention)},
+        "dropout": {mod.p for mod in modules if isinstance(mod, nn.Dropout)}
+                   | {mod.dropout for mod in modules if isinstance(mod, nn.MultiheadAttention)},
     }
     for name, values in options.items():
         if len(values) > 1:

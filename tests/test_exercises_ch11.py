@@ -1,4 +1,5 @@
-"""Chapter 11's checkers: correct answers in several styles pass, each classic mistake is named, stubs and crashes are handled."""
+"""Chapter 11's checkers: correct answers in several styles pass, each classic mistake is named, stubs and
+crashes are handled."""
 
 import pytest
 import torch
@@ -39,7 +40,8 @@ def test_shift_right_accepts_correct_answers(answer):
     (lambda t, bos: t, ["no shift", "the very token it must predict"]),
     (lambda t, bos: torch.cat([torch.full_like(t[:, :1], bos), t], 1), ["last target kept: T + 1 positions"]),
     (lambda t, bos: t[:, 1:], ["shifted left (tgt[:, 1:])"]),
-    (lambda t, bos: torch.cat([torch.full_like(t[:, :1], bos), t[:, 1:]], 1), ["first target dropped instead of the last"]),
+    (lambda t, bos: torch.cat([torch.full_like(t[:, :1], bos), t[:, 1:]], 1),
+     ["first target dropped instead of the last"]),
     (lambda t, bos: t.roll(1, dims=1), ["torch.roll", "where BOS belongs"]),
     (lambda t, bos: torch.cat([t[:, 1:], torch.full_like(t[:, :1], bos)], 1), ["BOS at the end"]),
     (lambda t, bos: torch.cat([torch.full_like(t[:1], bos), t[:-1]], 0), ["batch axis (dim=0)"]),

@@ -10,7 +10,7 @@ from torch import nn
 from attnlib import Transformer, masks
 from attnlib.seq2seq import (SRC_VOCAB, TGT_VOCAB, Seq2Seq, date_split, date_words, encode_dates, exact_match,
                              greedy_decode, shift_right, train)
-from attnlib.transformer import DecoderCache
+from attnlib.cross_attention import DecoderCache
 
 D, H, B, S, T = 16, 4, 3, 7, 5
 SRC_LEN, TGT_LEN = torch.tensor([7, 4, 2]), torch.tensor([5, 3, 1])
@@ -214,7 +214,7 @@ def test_from_torch_keeps_dtype_training_mode_and_gelu_module():
      "memory_mask: mask of shape (3, 1, 1, 5) does not broadcast to scores (3, 4, 5, 7)"),
     (lambda m, s, t: m(s, t, memory_mask=torch.ones(3, 1, 1, 7)), TypeError,
      "memory_mask: mask must be a bool tensor (True = may attend), got torch.float32"),
-    (lambda m, s, t: m.decode(t, s, cache=object()), TypeError, "cache must be an attnlib.transformer.DecoderCache"),
+    (lambda m, s, t: m.decode(t, s, cache=object()), TypeError, "cache must be an attnlib.cross_attention.DecoderCache"),
 ])
 def test_bad_input_names_the_argument_and_shapes(call, error, message):
     _, ours = pair()

@@ -1,4 +1,5 @@
-"""Checkers for chapter 11 (the whole Transformer): teacher forcing's shift, a decoder block, the cross-attention cache."""
+"""Checkers for chapter 11 (the whole Transformer): teacher forcing's shift, a decoder block, and the
+cross-attention keys and values that a decoder computes once per source."""
 
 from __future__ import annotations
 
@@ -10,7 +11,8 @@ import torch.nn.functional as F
 from attnlib.exercises._core import CandidateError, checker, expect_close, run
 from attnlib.exercises.ch07 import _tensor_or_named
 from attnlib.mha import MultiHeadAttention
-from attnlib.transformer import DecoderLayer, memory_kv
+from attnlib.cross_attention import memory_kv
+from attnlib.transformer import DecoderLayer
 
 __all__ = ["check_shift_right", "check_decoder_block", "check_memory_kv"]
 
