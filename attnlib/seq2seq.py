@@ -45,8 +45,9 @@ def _number(n: int) -> list[str]:
     return [_ONES[n]] if n < 20 else [_TENS[n // 10]] + ([_ONES[n % 10]] if n % 10 else [])
 
 
-def date_words(date: datetime.date) -> list[str]:
-    """The date in words, day first: 2023-03-01 -> ['first', 'of', 'march', 'two', 'thousand', 'twenty', 'three']."""
+def date_words(date) -> list[str]:
+    """A datetime.date in words, day first:
+    2023-03-01 -> ['first', 'of', 'march', 'two', 'thousand', 'twenty', 'three']."""
     d, y = date.day, date.year % 100
     day = [_ORDINALS[d]] if _ORDINALS[d] else [_TENS[d // 10], _ORDINALS[d % 10]]
     if date.year >= 2000:
@@ -56,8 +57,8 @@ def date_words(date: datetime.date) -> list[str]:
     return day + ["of", _MONTHS[date.month - 1]] + year
 
 
-def date_split(n_train: int, n_test: int, seed: int = 0) -> tuple[list[datetime.date], list[datetime.date]]:
-    """Two disjoint lists of distinct dates between 1900-01-01 and 2099-12-31, drawn with Python's
+def date_split(n_train: int, n_test: int, seed: int = 0) -> tuple[list, list]:
+    """Two disjoint lists of distinct datetime.date between 1900-01-01 and 2099-12-31, drawn with Python's
     random.Random(seed) (the same on every machine): held-out dates never appear in training."""
     days = (LAST_DAY - FIRST_DAY).days + 1
     if n_train + n_test > days:
@@ -67,8 +68,9 @@ def date_split(n_train: int, n_test: int, seed: int = 0) -> tuple[list[datetime.
     return dates[:n_train], dates[n_train:]
 
 
-def encode_dates(dates: list[datetime.date]) -> tuple[torch.Tensor, torch.Tensor]:
-    """src (N, S) word ids, right-padded with PAD (id 0), and tgt (N, 10) ids of the ISO characters."""
+def encode_dates(dates: list) -> tuple[torch.Tensor, torch.Tensor]:
+    """For N datetime.date: src (N, S) word ids, right-padded with PAD (id 0), and tgt (N, 10) ids of
+    the ISO characters."""
     words = [date_words(d) for d in dates]
     S = max(map(len, words))
     src = torch.tensor([[SRC_VOCAB.index(w) for w in ws] + [0] * (S - len(ws)) for ws in words])
