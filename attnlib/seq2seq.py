@@ -21,6 +21,7 @@ from torch import nn
 from attnlib import masks as _masks
 from attnlib.positional import sinusoidal
 from attnlib.cross_attention import DecoderCache
+from attnlib.encoder import _check_ids
 from attnlib.transformer import Transformer
 
 __all__ = ["SRC_VOCAB", "TGT_VOCAB", "PAD", "BOS", "date_words", "date_split", "encode_dates", "shift_right",
@@ -102,12 +103,17 @@ class Seq2Seq(nn.Module):
 
     def encode(self, src: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """src ids (B, S) -> memory (B, S, D) and its padding mask (B, 1, 1, S), True = real word."""
+        _check_ids(src, "src", self.src_embed.num_embeddings, "the source vocabulary")
         mask = _masks.padding_mask(src != 0)
         return self.transformer.encode(self.embed(self.src_embed, src), mask), mask
 
     def forward(self, src: torch.Tensor, tgt_in: torch.Tensor) -> torch.Tensor:
         """src (B, S), tgt_in = shift_right(tgt) (B, T) -> logits (B, T, vocab) for tgt."""
         memory, mask = self.encode(src)
+        _check_ids(tgt_in, "tgt_in", self.tgt_embed.num_embeddings, "the target vocabulary")
+        if tgt_in.shape[0] != src.shape[0] or tgt_in.shape[1] > len(self.positions):
+            raise ValueError(f"tgt_in of shape {tuple(tgt_in.shape)} is not (B, T) with B={src.shape[0]} "
+                             f"and T <= max_len={len(self.positions)}")
         return self.project(self.transformer.decode(self.embed(self.tgt_embed, tgt_in), memory, memory_mask=mask))
 
 
@@ -146,6 +152,8 @@ def greedy_decode(model: Seq2Seq, src: torch.Tensor, length: int = 10, *, use_ca
     the self-attention keys and values and the memory's cross-attention keys and values; without,
     every step re-runs the decoder over all tokens so far.
     """
+    if isinstance(length, bool) or not isinstance(length, int) or not 0 < length < len(model.positions):
+        raise ValueError(f"length must be an int in [1, {len(model.positions) - 1}] (max_len - 1), got {length!r}")
     memory, mask = model.encode(src)
     out = torch.full((src.shape[0], length + 1), TGT_VOCAB.index(BOS), dtype=torch.long, device=src.device)
     cache = DecoderCache() if use_cache else None

@@ -272,3 +272,18 @@ def test_a_short_training_lowers_the_loss_and_exact_match_counts_whole_rows():
     losses = train(model, src, tgt, steps=60, batch_size=32, warmup=10)
     assert len(losses) == 60 and sum(losses[-10:]) < 0.7 * sum(losses[:10])
     assert exact_match(torch.tensor([[1, 2], [1, 3]]), torch.tensor([[1, 2], [1, 2]])) == 0.5
+
+
+def test_the_models_bad_input_is_named():
+    model = Seq2Seq(d_model=32, dim_feedforward=64)
+    src, tgt = encode_dates(date_split(4, 0, seed=1)[0])
+    with pytest.raises(ValueError, match=r"src of shape \(7,\) is not \(B, T\)"):
+        model.encode(src[0, :7])
+    with pytest.raises(ValueError, match=r"src holds 65, outside the source vocabulary \[0, 65\)"):
+        model.encode(src.clamp(max=0) + 65)
+    with pytest.raises(ValueError, match=r"tgt_in holds 13, outside the target vocabulary \[0, 13\)"):
+        model(src, tgt.clamp(max=0) + 13)
+    with pytest.raises(ValueError, match=r"tgt_in of shape \(3, 10\) is not \(B, T\) with B=4"):
+        model(src, tgt[:3])
+    with pytest.raises(ValueError, match=r"length must be an int in \[1, 63\] \(max_len - 1\), got 64"):
+        greedy_decode(model, src, 64)
