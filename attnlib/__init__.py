@@ -12,8 +12,9 @@ from attnlib.kv_cache import KVCache, generate
 from attnlib.mha import MultiHeadAttention
 from attnlib.minilm import load_minilm
 from attnlib.tiled import tiled_attention
+from attnlib.transformer import Transformer
 from attnlib import exercises  # noqa: E402  (after the modules its checkers compare against)
 
 __all__ = ["softmax", "attention", "masks", "MultiHeadAttention", "KVCache", "tiled_attention",
-           "load_minilm", "mean_pool", "LlamaDecoder", "generate", "exercises", "positional"]
+           "load_minilm", "mean_pool", "LlamaDecoder", "generate", "Transformer", "exercises", "positional"]
 __version__ = "0.1.0"
