@@ -83,3 +83,28 @@ def test_a_candidate_that_calls_sys_exit_is_reported_not_fatal():
     result = check_stable_softmax(quits)
     assert not result.passed and result.attempted
     assert "SystemExit" in result.message
+
+
+def test_a_candidate_that_changes_its_input_in_place_is_named_even_when_right():
+    def doubles_in_place(x):
+        x.mul_(2)  # the right numbers, but the caller's tensor is overwritten
+        return x
+    result = check_double(doubles_in_place)
+    assert not result.passed and "changed x in place" in result.message
+
+
+def test_in_place_softmax_fails_check_stable_softmax():
+    from attnlib.exercises import check_stable_softmax
+
+    def softmax_in_place(scores):
+        scores -= scores.amax(dim=-1, keepdim=True)
+        scores.exp_()
+        scores /= scores.sum(dim=-1, keepdim=True)
+        return torch.nan_to_num(scores)
+    result = check_stable_softmax(softmax_in_place)
+    assert not result.passed and "changed scores in place" in result.message, result.message
+
+
+def test_complex_results_are_refused_by_every_checker():
+    result = check_double(lambda x: (2 * x).to(torch.complex64))
+    assert not result.passed and "complex tensor" in result.message

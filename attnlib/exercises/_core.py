@@ -8,6 +8,7 @@ says what is wrong. A stub that still raises NotImplementedError reads "not atte
 
 from __future__ import annotations
 
+import copy
 import functools
 import html
 import inspect
@@ -71,22 +72,64 @@ def _reader_line(exc: BaseException) -> str:
     return f" at line {f.lineno} of your code{':' if source else ''}{source}"
 
 
+def _arg_names(candidate: Callable, args: tuple, kwargs: dict) -> list[str]:
+    """The reader's own parameter names for args, e.g. ['scores'], or 'argument N' where unknown."""
+    target = candidate.forward if isinstance(candidate, torch.nn.Module) else candidate  # a module's own names
+    try:
+        params = inspect.signature(target).parameters.values()
+    except (TypeError, ValueError):
+        params = []
+    names = [p.name for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    return [names[i] if i < len(names) else f"argument {i + 1}" for i in range(len(args))] + list(kwargs)
+
+
+def _unchanged(before: object, after: object) -> bool:
+    """Whether an argument still equals its copy taken before the call (NaN equals NaN)."""
+    if isinstance(before, torch.Tensor):
+        if before.shape != after.shape or before.dtype != after.dtype:
+            return False
+        if before.is_floating_point() or before.is_complex():
+            return bool(((before == after) | (before.isnan() & after.isnan())).all())
+        return torch.equal(before, after)
+    try:
+        return bool(before == after)
+    except Exception:  # noqa: BLE001 - lists of tensors and the like: nothing to compare safely
+        return True
+
+
 def run(candidate: Callable, *args, what: str = "your function", **kwargs):
-    """Call the reader's code; turn its exceptions into CandidateError (NotImplementedError: not attempted)."""
+    """Call the reader's code; turn its exceptions into CandidateError (NotImplementedError: not attempted).
+
+    A candidate that changes a tensor or list argument in place is a CandidateError too, even when
+    its result is right: the caller's data (the scores, the cache) would be silently overwritten.
+    """
     if not callable(candidate):
         raise CandidateError(f"expected a function or class, got {type(candidate).__name__}")
+    values = (*args, *kwargs.values())
+    copies = [v.detach().clone() if isinstance(v, torch.Tensor) else copy.deepcopy(v) if isinstance(v, list)
+              else None for v in values]
     try:
-        return candidate(*args, **kwargs)
+        result = candidate(*args, **kwargs)
     except NotImplementedError as exc:
         raise _NotAttempted from exc
     except (Exception, SystemExit) as exc:  # the reader's bug (even sys.exit()), with its type and line
         raise CandidateError(f"{what} raised {type(exc).__name__}: {exc}{_reader_line(exc)}") from None
+    changed = [name for name, v, c in zip(_arg_names(candidate, args, kwargs), values, copies)
+               if c is not None and not _unchanged(c, v)]
+    if changed:
+        raise CandidateError(f"{what} changed {' and '.join(changed)} in place (an in-place "
+                             f"operation such as `x -= ...`, `x.exp_()` or `x[...] = ...` on an argument): "
+                             f"the caller's data is overwritten. Work on a copy or use out-of-place operations")
+    return result
 
 
 def as_tensor(value: object, what: str, shape: tuple[int, ...] | None = None) -> torch.Tensor:
     """Check that the reader returned a tensor (of `shape`, when given); raise CandidateError if not."""
     if not isinstance(value, torch.Tensor):
         raise CandidateError(f"{what} should be a torch.Tensor, got {type(value).__name__}")
+    if value.is_complex():
+        raise CandidateError(f"{what} returned a complex tensor ({value.dtype}): return real numbers "
+                             f"(torch.view_as_real, or .real and .imag put back in their places)")
     if shape is not None and tuple(value.shape) != tuple(shape):
         raise CandidateError(f"{what} has shape {tuple(value.shape)}, expected {tuple(shape)}")
     return value

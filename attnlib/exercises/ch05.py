@@ -20,15 +20,6 @@ _INTERLEAVED = ("the interleaved layout, pairs (2j, 2j+1) as in the RoFormer pap
                 "Llama code, instead of rotate_half's pairs (j, j + Dh/2) that transformers' Llama uses")
 
 
-def _real_tensor(value: object, what: str, shape: tuple[int, ...]) -> torch.Tensor:
-    """as_tensor(value, what, shape), refusing complex results (torch.polar's output not yet turned real)."""
-    got = as_tensor(value, what)
-    if got.is_complex():
-        raise CandidateError(f"{what} returned a complex tensor: return real numbers (torch.view_as_real, "
-                             f"or .real and .imag put back in their places)")
-    return as_tensor(got, what, shape=shape)
-
-
 def _sinusoidal_variant(T: int, D: int, *, base: float = 10000.0, exponent: float = -2.0, start: int = 0,
                         swap: bool = False, halves: bool = False) -> torch.Tensor:
     """PE (T, D) in float64; the defaults are the true encoding, PE[p, 2i] = sin(p ω_i), ω_i = base^(-2i/D)."""
@@ -49,7 +40,7 @@ def check_sinusoidal(fn: Callable[[int, int], torch.Tensor]) -> str:
     if tuple(got.shape) == (D, T):
         raise CandidateError(f"{what} has shape {(D, T)}: the table is transposed, it must be (T, D), one row "
                              f"per position")
-    got = _real_tensor(got, what, (T, D))
+    got = as_tensor(got, what, shape=(T, D))
     mistakes = {
         "sin and cos swapped: sin goes to the even dims 2i, cos to the odd dims 2i+1":
             _sinusoidal_variant(T, D, swap=True),
@@ -120,7 +111,7 @@ def check_rope(fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -> str:
     B, H, T, Dh = 2, 3, 5, 8
     x, pos = torch.randn(B, H, T, Dh), torch.arange(3, 3 + T)  # positions that do not start at 0
     what = f"rope(x, positions) with x {(B, H, T, Dh)} and positions {pos.tolist()}"
-    got = _real_tensor(run(fn, x.clone(), pos.clone(), what=what), what, (B, H, T, Dh))
+    got = as_tensor(run(fn, x.clone(), pos.clone(), what=what), what, shape=(B, H, T, Dh))
     expect_close(got, rope_variant(x, pos), what, mistakes=_rope_mistakes(x, pos), atol=1e-5)
     return "equals attnlib's RotaryEmbedding (transformers' Llama layout) at positions 3 to 7"
 
