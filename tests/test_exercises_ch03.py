@@ -3,6 +3,7 @@
 import pytest
 import torch
 
+from attnlib import masks
 from attnlib.exercises import (check_causal_mask, check_cross_attention_mask, check_hf_to_mask,
                                check_padding_causal_mask)
 from exercise_helpers import assert_names, stub
@@ -25,16 +26,25 @@ def causal(T, S):
     return torch.ones(T, S, dtype=torch.bool).tril(diagonal=S - T)
 
 
-def test_causal_accepts_correct_ones():
-    assert check_causal_mask(causal).passed
-    by_index = lambda T, S: torch.arange(S)[None, :] <= torch.arange(T)[:, None] + (S - T)  # noqa: E731
-    assert check_causal_mask(by_index).passed
+@pytest.mark.parametrize("mask", [
+    causal,
+    lambda T, S: torch.arange(S)[None, :] <= torch.arange(T)[:, None] + (S - T),   # index grids
+    lambda T, S: ~torch.ones(T, S, dtype=torch.bool).triu(S - T + 1),             # "no future" inverted
+    lambda T, S: torch.tril(torch.ones(S, S))[-T:].bool(),                        # last T rows of the full mask
+    lambda T, S: torch.ones(T, S).tril(S - T) == 1,
+    lambda T, S: torch.ones(T, S, dtype=torch.int8).tril(S - T).bool(),
+])
+def test_causal_accepts_correct_ones(mask):
+    assert check_causal_mask(mask).passed
 
 
 @pytest.mark.parametrize("buggy, phrases", [
     (lambda T, S: torch.ones(T, S, dtype=torch.bool).tril(), ["top-left alignment"]),
     (lambda T, S: ~causal(T, S), ["inverted"]),
     (lambda T, S: torch.ones(T, S, dtype=torch.bool).tril(S - T - 1), ["diagonal left out"]),
+    (lambda T, S: torch.ones(T, S, dtype=torch.bool).tril(-1), ["strict causal mask, top-left"]),
+    (lambda T, S: torch.ones(T, S).triu(1) == 0, ["top-left alignment"]),
+    (lambda T, S: causal(T, S).half(), ["right pattern but dtype torch.float16"]),
     (lambda T, S: torch.ones(T, S, dtype=torch.bool).triu(S - T), ["upper triangle"]),
     (lambda T, S: causal(S, T), ["(S, T) mask"]),
     (lambda T, S: causal(T, S).float(), ["right pattern but dtype torch.float32"]),
@@ -81,15 +91,22 @@ def cross(lengths, T, S):
     return (torch.arange(S) < lengths[:, None])[:, None, None, :].expand(len(lengths), 1, T, S)
 
 
-def test_cross_accepts_correct_ones():
-    assert check_cross_attention_mask(cross).passed
-    assert check_cross_attention_mask(lambda lengths, T, S: (torch.arange(S) < lengths[:, None])[:, None, None]).passed
+@pytest.mark.parametrize("mask", [
+    cross,
+    lambda lengths, T, S: (torch.arange(S) < lengths[:, None])[:, None, None],    # (B, 1, 1, S), broadcasts
+    lambda lengths, T, S: torch.stack([torch.arange(S) < n for n in lengths])[:, None, None].repeat(1, 1, T, 1),
+    lambda lengths, T, S: (torch.arange(S).expand(len(lengths), T, S) < lengths.view(-1, 1, 1)).unsqueeze(1),
+])
+def test_cross_accepts_correct_ones(mask):
+    assert check_cross_attention_mask(mask).passed
 
 
 @pytest.mark.parametrize("buggy, phrases", [
     (lambda lengths, T, S: ~cross(lengths, T, S), ["inverted"]),
     (lambda lengths, T, S: (torch.arange(S) <= lengths[:, None])[:, None, None], ["off-by-one"]),
     (lambda lengths, T, S: cross(lengths, T, S) & torch.ones(T, S, dtype=torch.bool).tril(S - T), ["causal mask added"]),
+    (lambda lengths, T, S: cross(lengths, T, S) & torch.ones(T, S, dtype=torch.bool).tril(), ["causal mask added, top-left"]),
+    (lambda lengths, T, S: cross(lengths, T, S).half(), ["right pattern but dtype torch.float16"]),
     (lambda lengths, T, S: torch.arange(S) < lengths[:, None], ["without its two broadcast axes"]),
     (lambda lengths, T, S: (torch.arange(T) < lengths[:, None])[:, None, :, None], ["T query positions"]),
     (lambda lengths, T, S: cross(lengths, T, S).transpose(-2, -1), ["(B, 1, S, T)"]),
@@ -109,8 +126,15 @@ def pad_causal(m):
     return m.bool()[:, None, None, :] & torch.ones(T, T, dtype=torch.bool).tril()
 
 
-def test_padding_causal_accepts_a_correct_one():
-    assert check_padding_causal_mask(pad_causal).passed
+@pytest.mark.parametrize("mask", [
+    pad_causal,
+    lambda m: masks.combine(masks.from_hf(m), masks.causal_mask(m.shape[1])),
+    lambda m: (m[:, None, None, :] * torch.ones(m.shape[1], m.shape[1]).tril()).bool(),   # multiply 0/1
+    lambda m: torch.logical_and(m.unsqueeze(1).unsqueeze(1) == 1,
+                                torch.arange(m.shape[1])[:, None] >= torch.arange(m.shape[1])),
+])
+def test_padding_causal_accepts_correct_ones(mask):
+    assert check_padding_causal_mask(mask).passed
 
 
 @pytest.mark.parametrize("buggy, phrases", [
@@ -123,6 +147,8 @@ def test_padding_causal_accepts_a_correct_one():
     (lambda m: m.bool()[:, None, :, None] & torch.ones(5, 5, dtype=torch.bool).tril(), ["query axis"]),
     (lambda m: pad_causal(m) & m.bool()[:, None, :, None], ["padded queries' rows masked too"]),
     (lambda m: pad_causal(m)[:, 0], ["without the head axis"]),
+    (lambda m: m.bool()[:, None, None, :] & torch.ones(5, 5, dtype=torch.bool).tril(-1), ["strict causal mask"]),
+    (lambda m: pad_causal(m).half(), ["right pattern but dtype torch.float16"]),
 ])
 def test_padding_causal_names_the_mistake(buggy, phrases):
     assert_names(check_padding_causal_mask(buggy), *phrases)

@@ -15,9 +15,16 @@ def good_split(x, num_heads):
     return x.view(B, T, num_heads, D // num_heads).transpose(1, 2)  # (B, H, T, Dh)
 
 
-def test_split_heads_accepts_correct_ones():
-    assert check_split_heads(good_split).passed
-    assert check_split_heads(lambda x, h: torch.stack(x.chunk(h, dim=-1), dim=1)).passed
+@pytest.mark.parametrize("split", [
+    good_split,
+    lambda x, h: torch.stack(x.chunk(h, dim=-1), dim=1),                       # one head at a time
+    lambda x, h: x.unflatten(-1, (h, -1)).permute(0, 2, 1, 3),                 # unflatten + permute
+    lambda x, h: x.reshape(x.shape[0], x.shape[1], h, -1).swapaxes(1, 2).contiguous(),
+    lambda x, h: torch.einsum("bthd->bhtd", x.view(*x.shape[:2], h, -1)),
+    lambda x, h: good_split(x.double(), h),                                    # a wider dtype is fine
+])
+def test_split_heads_accepts_correct_ones(split):
+    assert check_split_heads(split).passed
 
 
 @pytest.mark.parametrize("buggy, phrases", [
@@ -26,6 +33,11 @@ def test_split_heads_accepts_correct_ones():
     (lambda x, h: x.view(*x.shape[:2], h, -1), ["(B, T, H, Dh)", "not moved before time"]),
     (lambda x, h: x.view(*x.shape[:2], h, -1).permute(0, 2, 3, 1), ["(B, H, Dh, T)", "wrong axes"]),
     (lambda x, h: good_split(x, h) * 2, ["matches none of the usual mistakes"]),
+    (lambda x, h: good_split(x, h).reshape(-1, x.shape[1], x.shape[2] // h), ["(B·H, T, Dh)", "folded into the batch"]),
+    (lambda x, h: good_split(x, h)[:, :, :1], ["has shape (2, 3, 1, 4), expected (B, H, T, Dh) = (2, 3, 5, 4)"]),
+    (lambda x, h: x.view(x.shape[0] * h, x.shape[1], -1), ["has shape (6, 5, 4), expected (B, H, T, Dh)"]),
+    (lambda x, h: good_split(x, h).half(), ["torch.float16", "half precision"]),
+    (lambda x, h: good_split(x, h).to(torch.bfloat16), ["torch.bfloat16"]),
 ])
 def test_split_heads_names_the_mistake(buggy, phrases):
     assert_names(check_split_heads(buggy), *phrases)
@@ -47,10 +59,15 @@ def good_merge(x):
     return x.transpose(1, 2).reshape(B, T, H * Dh)
 
 
-def test_merge_heads_accepts_correct_ones():
-    assert check_merge_heads(good_merge).passed
-    assert check_merge_heads(lambda x: torch.cat(x.unbind(1), dim=-1)).passed
-    assert check_merge_heads(lambda x: x.transpose(1, 2).contiguous().view(x.shape[0], x.shape[2], -1)).passed
+@pytest.mark.parametrize("merge", [
+    good_merge,
+    lambda x: torch.cat(x.unbind(1), dim=-1),                                   # heads side by side
+    lambda x: x.transpose(1, 2).contiguous().view(x.shape[0], x.shape[2], -1),
+    lambda x: x.permute(0, 2, 1, 3).flatten(2),                                # permute + flatten
+    lambda x: torch.einsum("bhtd->bthd", x).reshape(x.shape[0], x.shape[2], -1),
+])
+def test_merge_heads_accepts_correct_ones(merge):
+    assert check_merge_heads(merge).passed
 
 
 @pytest.mark.parametrize("buggy, phrases", [
@@ -58,6 +75,9 @@ def test_merge_heads_accepts_correct_ones():
     (lambda x: x.transpose(2, 3).reshape(x.shape[0], x.shape[2], -1), ["wrong axes transposed"]),
     (lambda x: x.permute(0, 2, 3, 1).reshape(x.shape[0], x.shape[2], -1), ["interleaved heads"]),
     (lambda x: x.transpose(1, 2), ["not flattened"]),
+    (lambda x: x.transpose(1, 2).reshape(x.shape[0], -1), ["has shape (2, 60), expected (B, T, H·Dh) = (2, 5, 12)"]),
+    (lambda x: x.sum(1), ["has shape (2, 5, 4), expected (B, T, H·Dh)"]),      # broadcast against (B, T, D) before
+    (lambda x: good_merge(x).half(), ["torch.float16"]),
 ])
 def test_merge_heads_names_the_mistake(buggy, phrases):
     assert_names(check_merge_heads(buggy), *phrases)
@@ -115,14 +135,24 @@ def good_fused(x, weight, bias, num_heads):
     return tuple(t.view(B, T, num_heads, D // num_heads).transpose(1, 2) for t in (q, k, v))
 
 
-def test_fused_qkv_accepts_correct_ones():
-    assert check_fused_qkv(good_fused).passed
+def via_five_d(x, weight, bias, num_heads):
+    B, T, D = x.shape
+    qkv = torch.nn.functional.linear(x, weight, bias).view(B, T, 3, num_heads, D // num_heads)
+    return qkv.permute(2, 0, 3, 1, 4)                                     # (3, B, H, T, Dh), stacked
 
-    def via_five_d(x, weight, bias, num_heads):
-        B, T, D = x.shape
-        qkv = torch.nn.functional.linear(x, weight, bias).view(B, T, 3, num_heads, D // num_heads)
-        return tuple(qkv.permute(2, 0, 3, 1, 4))                          # 3 x (B, H, T, Dh)
-    assert check_fused_qkv(via_five_d).passed
+
+@pytest.mark.parametrize("fused", [
+    good_fused,
+    via_five_d,                                                            # one stacked (3, B, H, T, Dh) tensor
+    lambda x, w, b, h: tuple(via_five_d(x, w, b, h)),
+    lambda x, w, b, h: list(good_fused(x, w, b, h)),
+    lambda x, w, b, h: (t.unflatten(-1, (h, -1)).transpose(1, 2)          # a generator
+                        for t in (torch.einsum("btd,ed->bte", x, w) + b).chunk(3, dim=-1)),
+    lambda x, w, b, h: [torch.nn.functional.linear(x, wi, bi).unflatten(-1, (h, -1)).transpose(1, 2)
+                        for wi, bi in zip(w.chunk(3), b.chunk(3))],        # three products: values still right
+])
+def test_fused_qkv_accepts_correct_ones(fused):
+    assert check_fused_qkv(fused).passed
 
 
 @pytest.mark.parametrize("buggy, phrases", [
@@ -133,7 +163,12 @@ def test_fused_qkv_accepts_correct_ones():
      ["without the transpose"]),
     (lambda x, w, b, h: good_fused(x, w, b, h)[::-1], ["wrong order (as v, k, q)"]),
     (lambda x, w, b, h: tuple(t.transpose(1, 2) for t in good_fused(x, w, b, h)), ["(B, T, H, Dh)", "not moved"]),
-    (lambda x, w, b, h: good_fused(x, w, b, h)[:2], ["three tensors (q, k, v), got tuple"]),
+    (lambda x, w, b, h: good_fused(x, w, b, h)[:2], ["three tensors (q, k, v), got tuple of 2 items"]),
+    (lambda x, w, b, h: x @ w.T + b, ["three tensors (q, k, v), got one tensor of shape (2, 5, 36)"]),
+    (lambda x, w, b, h: {"q": 1, "k": 2, "v": 3}, ["three tensors (q, k, v), got dict"]),
+    (lambda x, w, b, h: good_fused(x, w.reshape(w.shape[1], -1).T, b, h), ["reshaped to (D, 3D) instead of transposed"]),
+    (lambda x, w, b, h: tuple(t.half() for t in good_fused(x, w, b, h)), ["q returned torch.float16"]),
+    (lambda x, w, b, h: (t / 0 if False else 1 / 0 for t in range(3)), ["raised ZeroDivisionError"]),  # generator
 ])
 def test_fused_qkv_names_the_mistake(buggy, phrases):
     assert_names(check_fused_qkv(buggy), *phrases)
@@ -144,4 +179,9 @@ def test_fused_qkv_stub_and_crash():
 
     def untransposed(x, weight, bias, num_heads):
         return x @ weight + bias                                          # (B, T, D) @ (3D, D): no
-    assert_names(check_fused_qkv(untransposed), "raised RuntimeError", "`return x @ weight + bias")
+    assert_names(check_fused_qkv(untransposed), "raised RuntimeError", "`return x @ weight + bias",
+                 "x @ weight without the transpose", "weight.T")
+
+    def einsum_untransposed(x, weight, bias, num_heads):
+        return torch.einsum("btd,de->bte", x, weight)                     # the same mistake in einsum
+    assert_names(check_fused_qkv(einsum_untransposed), "raised RuntimeError", "without the transpose")

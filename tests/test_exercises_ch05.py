@@ -51,7 +51,7 @@ def test_sinusoidal_names_the_mistake(kwargs, phrase):
 def test_sinusoidal_stub_crash_and_shape():
     assert check_sinusoidal(stub).status == "not attempted yet"
     assert_names(check_sinusoidal(lambda T, D: table(T, D).T), "transposed")
-    assert_names(check_sinusoidal(lambda T, D: torch.zeros(T, D // 2)), "has shape (40, 12), expected (40, 24)")
+    assert_names(check_sinusoidal(lambda T, D: torch.zeros(T, D // 2)), "has shape (40, 12), expected (T, D) = (40, 24)")
     assert_names(check_sinusoidal(lambda T, D: torch.arange(T) / 0 + [1]), "raised TypeError")
     assert_names(check_sinusoidal(lambda T, D: table(T, D) + 0.1), "matches none of the usual mistakes")
 
@@ -105,7 +105,7 @@ def test_rope_names_swapped_and_repeat_interleaved_angles():
 def test_rope_stub_and_crash():
     assert check_rope(stub).status == "not attempted yet"
     assert_names(check_rope(lambda x, p: x @ p), "raised RuntimeError")
-    assert_names(check_rope(lambda x, p: x[0]), "has shape (3, 5, 8), expected (2, 3, 5, 8)")
+    assert_names(check_rope(lambda x, p: x[0]), "has shape (3, 5, 8), expected (B, H, T, Dh) = (2, 3, 5, 8)")
 
 
 # --- the score from the offset -------------------------------------------------------------------
@@ -150,10 +150,23 @@ def find_permutation(out, shuffled):
     return torch.cdist(shuffled, out).argmin(dim=-1)  # (T,): the row of out nearest each shuffled row
 
 
-def test_find_permutation_accepts_correct_ones():
-    assert check_find_permutation(find_permutation).passed
-    assert check_find_permutation(lambda o, s: torch.tensor(
-        [next(j for j in range(len(o)) if torch.equal(o[j], row)) for row in s])).passed
+def match_by_sorted_norms(out, shuffled):
+    """Pairs rows by sorting their lengths: wrong when two different rows have the same length."""
+    perm = torch.empty(len(out), dtype=torch.long)
+    perm[shuffled.norm(dim=-1).argsort(stable=True)] = out.norm(dim=-1).argsort(stable=True)
+    return perm
+
+
+@pytest.mark.parametrize("candidate", [
+    find_permutation,
+    lambda o, s: torch.tensor([next(j for j in range(len(o)) if torch.equal(o[j], row)) for row in s]),
+    lambda o, s: (s[:, None] == o[None]).all(dim=-1).int().argmax(dim=-1),        # exact equality, first copy
+    lambda o, s: ((s[:, None] - o[None]) ** 2).sum(-1).argmin(-1).int(),            # squared distance, int32
+    lambda o, s: torch.tensor([[tuple(r) for r in o.tolist()].index(tuple(r)) for r in s.tolist()]),
+    lambda o, s: torch.stack([torch.isclose(o, row).all(-1).nonzero()[-1, 0] for row in s]),  # the last copy
+])
+def test_find_permutation_accepts_correct_ones(candidate):
+    assert check_find_permutation(candidate).passed
 
 
 @pytest.mark.parametrize("candidate, phrase", [
@@ -161,6 +174,13 @@ def test_find_permutation_accepts_correct_ones():
     (lambda o, s: find_permutation(o, s) + 1, "counts from 1"),
     (lambda o, s: (s @ o.T).argmax(dim=-1), "the largest dot product"),
     (lambda o, s: find_permutation(o, s).float(), "indices must be integers"),
+    (lambda o, s: torch.nn.functional.cosine_similarity(s[:, None], o[None], dim=-1).argmax(-1),
+     "matched by direction (cosine similarity)"),
+    (lambda o, s: (torch.nn.functional.normalize(s, dim=-1) @ torch.nn.functional.normalize(o, dim=-1).T).argmax(-1),
+     "matched by direction"),
+    (lambda o, s: (s.norm(dim=-1)[:, None] - o.norm(dim=-1)).abs().argmin(-1), "matched by their norms"),
+    (match_by_sorted_norms, "matched by their norms"),
+    (lambda o, s: torch.arange(len(o)), "out[perm] is not shuffled"),
 ])
 def test_find_permutation_names_the_mistake(candidate, phrase):
     assert_names(check_find_permutation(candidate), phrase)
@@ -170,6 +190,14 @@ def test_find_permutation_stub_and_crash():
     assert check_find_permutation(stub).status == "not attempted yet"
     assert_names(check_find_permutation(lambda o, s: torch.cdist(o, s[0])), "raised RuntimeError")
     assert_names(check_find_permutation(lambda o, s: list(range(len(o)))), "should be a torch.Tensor, got list")
+
+
+def test_half_precision_results_are_named():
+    assert_names(check_sinusoidal(lambda T, D: table(T, D).half()), "returned torch.float16", "half precision")
+    assert_names(check_rope(lambda x, p: my_rope(x, p).to(torch.bfloat16)), "returned torch.bfloat16")
+    assert_names(check_rope_offset_score(lambda q, k, d: torch.tensor(offset_score(q, k, d)).half()),
+                 "returned torch.float16")
+    assert check_rope_offset_score(lambda q, k, d: torch.tensor([offset_score(q, k, d)])).passed  # (1,) is a number
 
 
 def test_complex_and_non_scalar_results_are_named():

@@ -67,6 +67,8 @@ def check_causal_mask(fn: Callable[[int, int], torch.Tensor]) -> str:
             "last query is the newest token and must see every key, so shift the diagonal by S - T": ones.tril(),
             _INVERTED: ~expected,
             "the diagonal left out: query i must also see its own key (j <= i + S - T, not <)": ones.tril(S - T - 1),
+            "a strict causal mask, top-left (the diagonal left out, and not shifted by S - T): query i must see "
+            "keys j <= i + S - T, its own included": ones.tril(-1),
             "the upper triangle (triu): a query would see the future, not the past": ones.triu(S - T),
             "the upper triangle, top-left (triu): a query would see the future, not the past": ones.triu(),
         }
@@ -110,6 +112,8 @@ def check_cross_attention_mask(fn: Callable[[torch.Tensor, int, int], torch.Tens
         "an off-by-one: j <= length keeps one padding position; the real tokens are j < length":
             off_by_one[:, None, None, :].expand(3, 1, T, S),
         "a causal mask added: cross-attention looks at the whole source, no causal mask": expected & masks.causal_mask(T, S),
+        "a causal mask added, top-left (SDPA's is_causal=True with T != S): cross-attention looks at the whole "
+        "source, no causal mask": expected & torch.ones(T, S, dtype=torch.bool).tril(),
     }
     got = run(fn, lengths.clone(), T, S, what=what)
     _check_mask(got, expected, what, mistakes=mistakes, also_fine=((3, 1, 1, S),), shape_mistakes={
@@ -136,6 +140,8 @@ def check_padding_causal_mask(fn: Callable[[torch.Tensor], torch.Tensor]) -> str
         "the padding mask only: a query also sees the keys after it": pad.expand(B, 1, T, T),
         "OR instead of AND: a key must be allowed by both masks": pad | causal,
         "the padding inverted (True at padding)": ~pad & causal,
+        "a strict causal mask, the diagonal left out (tril(-1)): query i must also see its own key, j <= i; "
+        "without it the first real token has nothing to attend to": pad & causal.tril(-1),
         _INVERTED: ~expected,
         f"causal AND {_ON_QUERIES}": pad_q & causal,
         "the padded queries' rows masked too: the exercise asks for keys only (as transformers does); masking "

@@ -1,14 +1,17 @@
-"""Checkers for chapter 4 (multi-head attention): split heads, merge heads, count the parameters, fused QKV."""
+"""Checkers for chapter 4 (multi-head attention): split heads, merge heads, count the parameters, fused QKV.
+
+`result_tensor` (shape named first, then no complex or half-precision result) is shared with chapter 5.
+"""
 
 from __future__ import annotations
 
 import itertools
 import numbers
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping
 
 import torch
 
-from attnlib.exercises._core import CandidateError, checker, expect_close, run
+from attnlib.exercises._core import CandidateError, as_tensor, checker, expect_close, run
 from attnlib.exercises.ch01 import reject_shape_mistakes
 from attnlib.mha import MultiHeadAttention, merge_heads, split_heads
 
@@ -18,15 +21,32 @@ B, T, H, Dh = 2, 5, 3, 4  # all different, so that no axis can stand in for anot
 D = H * Dh
 _VIEW_HINT = (". view() needs memory laid out in the new shape, and a transposed tensor is not: use "
               "reshape(), or .contiguous().view()")
+_TRANSPOSE_HINT = (". That is x @ weight without the transpose: weight is (3D, D), nn.Linear's (out, in) "
+                   "layout, so the product is x @ weight.T (or F.linear(x, weight, bias))")
 
 
-def _run_tensor(fn: Callable, x: torch.Tensor, *args, what: str) -> object:
-    """Run the reader's fn on a copy of x; explain the classic view-after-transpose error."""
+def result_tensor(value: object, what: str, shape: tuple[int, ...], letters: str = "") -> torch.Tensor:
+    """The reader's result as a real tensor of `shape` in full precision; CandidateError naming what is off
+    (a complex result, then the shape, written with its dimension `letters` when given, then the dtype)."""
+    got = as_tensor(value, what)  # refuses a complex result
+    if tuple(got.shape) != tuple(shape):
+        raise CandidateError(f"{what} has shape {tuple(got.shape)}, expected {letters + ' = ' if letters else ''}"
+                             f"{tuple(shape)}")
+    if got.dtype in (torch.float16, torch.bfloat16):
+        raise CandidateError(f"{what} returned {got.dtype}: half precision keeps only 2 to 3 significant "
+                             f"digits, so the result is rounded off; compute and return float32 or float64")
+    return got
+
+
+def _run_tensor(fn: Callable, *args, what: str, hints: Mapping[str, str] | None = None) -> object:
+    """Run the reader's fn on copies of the tensors in args; explain the classic errors (view after transpose,
+    and `hints`: a piece of the error message -> what it means)."""
     try:
-        return run(fn, x.clone(), *args, what=what)
+        return run(fn, *(a.clone() if isinstance(a, torch.Tensor) else a for a in args), what=what)
     except CandidateError as exc:
-        if "view size is not compatible" in str(exc):
-            raise CandidateError(f"{exc}{_VIEW_HINT}") from None
+        for needle, hint in ({"view size is not compatible": _VIEW_HINT} | dict(hints or {})).items():
+            if needle in str(exc):
+                raise CandidateError(f"{exc}{hint}") from None
         raise
 
 
@@ -40,7 +60,10 @@ def check_split_heads(fn: Callable[[torch.Tensor, int], torch.Tensor]) -> str:
         "(.transpose(1, 2))": x.view(B, T, H, Dh),
         "(B, H, Dh, T): the wrong axes were transposed; move heads before time, "
         "(B, T, H, Dh).transpose(1, 2)": x.view(B, T, H, Dh).permute(0, 2, 3, 1),
+        "(B·H, T, Dh): the heads folded into the batch axis (as some courses do for bmm); keep them as "
+        "their own axis, (B, H, T, Dh)": x.view(B, T, H, Dh).transpose(1, 2).reshape(B * H, T, Dh),
     })
+    got = result_tensor(got, what, (B, H, T, Dh), "(B, H, T, Dh)")
     expect_close(got, split_heads(x, H), what, mistakes={
         "a view straight to (B, H, T, Dh) without the transpose: that cuts the sequence of tokens "
         "into pieces instead of cutting each token's width; view as (B, T, H, Dh), then transpose(1, 2)":
@@ -60,6 +83,7 @@ def check_merge_heads(fn: Callable[[torch.Tensor], torch.Tensor]) -> str:
         "(B, T, H, Dh): the heads are moved back next to Dh but not flattened into one width D = H·Dh "
         "(.reshape(B, T, D))": x.transpose(1, 2),
     })
+    got = result_tensor(got, what, (B, T, D), "(B, T, H·Dh)")
     expect_close(got, merge_heads(x), what, mistakes={
         "the classic bug, heads merged without transposing: x.reshape(B, T, D) on (B, H, T, Dh) has the "
         "right shape but mixes tokens and heads; transpose(1, 2) to (B, T, H, Dh) first":
@@ -106,15 +130,23 @@ def check_mha_param_count(fn: Callable[[int, int, int, bool], int]) -> str:
 
 
 def _as_triple(got: object, what: str) -> torch.Tensor:
-    """The reader's (q, k, v) stacked into one (3, B, H, T, Dh) tensor; CandidateError if it is not 3 tensors."""
+    """The reader's (q, k, v) stacked into one (3, B, H, T, Dh) tensor. Any three tensors that unpack as
+    q, k, v are fine (a tuple, a list, a generator, a stacked (3, ...) tensor); CandidateError otherwise."""
+    if isinstance(got, torch.Tensor) and got.dim() > 0 and got.shape[0] == 3:
+        got = got.unbind(0)
+    elif isinstance(got, Iterable) and not isinstance(got, (torch.Tensor, str, bytes, Mapping)):
+        got = run(tuple, got, what=what)  # a generator runs the reader's code only now
     if not isinstance(got, (tuple, list)) or len(got) != 3 or not all(isinstance(t, torch.Tensor) for t in got):
-        raise CandidateError(f"{what} should return three tensors (q, k, v), got {type(got).__name__}")
+        kind = (f"one tensor of shape {tuple(got.shape)}" if isinstance(got, torch.Tensor)
+                else f"{type(got).__name__} of {len(got)} items" if isinstance(got, (tuple, list))
+                else type(got).__name__)
+        raise CandidateError(f"{what} should return three tensors (q, k, v), got {kind}")
     shapes = {tuple(t.shape) for t in got}
     if shapes != {(B, H, T, Dh)}:
         found = " (B, T, H, Dh): the heads are not moved before time" if shapes == {(B, T, H, Dh)} else ""
         raise CandidateError(f"{what} returned shapes {sorted(shapes)}, expected (B, H, T, Dh) = "
                              f"{(B, H, T, Dh)} for each of q, k, v{found}")
-    return torch.stack(list(got))
+    return torch.stack([result_tensor(t, f"{what}, {name}", (B, H, T, Dh)) for t, name in zip(got, "qkv")])
 
 
 @checker("fused QKV projection")
@@ -123,16 +155,23 @@ def check_fused_qkv(fn: Callable[..., tuple]) -> str:
     in_proj_weight (3D, D), rows [W_q; W_k; W_v], and in_proj_bias (3D,)."""
     x, weight, bias = torch.randn(B, T, D), torch.randn(3 * D, D) / D ** 0.5, torch.randn(3 * D)
     what = f"fused_qkv(x, weight, bias, num_heads={H}) with x {(B, T, D)}, weight {(3 * D, D)}"
-    got = _as_triple(run(fn, x.clone(), weight.clone(), bias.clone(), H, what=what), what)
+    got = _as_triple(_run_tensor(fn, x, weight, bias, H, what=what, hints={
+        f"and {3 * D}x{D})": _TRANSPOSE_HINT,                     # torch.matmul's "(10x12 and 36x12)"
+        f"size {3 * D} for operand 1": _TRANSPOSE_HINT}), what)  # einsum("btd,de->bte", x, weight)
     y = torch.nn.functional.linear(x, weight, bias)  # (B, T, 3D)
     blocks = [split_heads(t, H) for t in y.split(D, dim=-1)]  # q, k, v: (B, H, T, Dh) each
-    no_bias = torch.nn.functional.linear(x, weight)
+
+    def heads(fused: torch.Tensor) -> torch.Tensor:  # (B, T, 3D) -> (3, B, H, T, Dh), the right way
+        return torch.stack([split_heads(t, H) for t in fused.split(D, dim=-1)])
+
     mistakes = {f"q, k and v returned in the wrong order (as {', '.join('qkv'[i] for i in order)}): the "
                 f"rows of weight are [W_q; W_k; W_v]": torch.stack([blocks[i] for i in order])
                 for order in itertools.permutations(range(3)) if order != (0, 1, 2)}
     expect_close(got, torch.stack(blocks), what, mistakes=mistakes | {
-        "the bias is missing: x @ weight.T without + bias":
-            torch.stack([split_heads(t, H) for t in no_bias.split(D, dim=-1)]),
+        "the bias is missing: x @ weight.T without + bias": heads(torch.nn.functional.linear(x, weight)),
+        "weight reshaped to (D, 3D) instead of transposed: x @ weight.reshape(D, 3D) has the right shape, "
+        "but a reshape regroups the numbers, it does not swap rows and columns; use weight.T":
+            heads(x @ weight.reshape(D, 3 * D) + bias),
         "an interleaved layout: viewing the fused output as (B, T, H, 3, Dh) takes a [q, k, v] triple per "
         "head, but nn.MultiheadAttention's rows are three blocks [W_q; W_k; W_v]; split into three D-wide "
         "blocks first": y.view(B, T, H, 3, Dh).permute(3, 0, 2, 1, 4),

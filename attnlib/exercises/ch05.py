@@ -12,6 +12,7 @@ from collections.abc import Callable
 import torch
 
 from attnlib.exercises._core import CandidateError, as_tensor, checker, expect_close, matching, run
+from attnlib.exercises.ch04 import result_tensor
 from attnlib.positional import rotate_half
 
 __all__ = ["check_sinusoidal", "check_rope", "check_rope_offset_score", "check_find_permutation"]
@@ -40,7 +41,7 @@ def check_sinusoidal(fn: Callable[[int, int], torch.Tensor]) -> str:
     if tuple(got.shape) == (D, T):
         raise CandidateError(f"{what} has shape {(D, T)}: the table is transposed, it must be (T, D), one row "
                              f"per position")
-    got = as_tensor(got, what, shape=(T, D))
+    got = result_tensor(got, what, (T, D), "(T, D)")
     mistakes = {
         "sin and cos swapped: sin goes to the even dims 2i, cos to the odd dims 2i+1":
             _sinusoidal_variant(T, D, swap=True),
@@ -111,7 +112,7 @@ def check_rope(fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -> str:
     B, H, T, Dh = 2, 3, 5, 8
     x, pos = torch.randn(B, H, T, Dh), torch.arange(3, 3 + T)  # positions that do not start at 0
     what = f"rope(x, positions) with x {(B, H, T, Dh)} and positions {pos.tolist()}"
-    got = as_tensor(run(fn, x.clone(), pos.clone(), what=what), what, shape=(B, H, T, Dh))
+    got = result_tensor(run(fn, x.clone(), pos.clone(), what=what), what, (B, H, T, Dh), "(B, H, T, Dh)")
     expect_close(got, rope_variant(x, pos), what, mistakes=_rope_mistakes(x, pos), atol=1e-5)
     return "equals attnlib's RotaryEmbedding (transformers' Llama layout) at positions 3 to 7"
 
@@ -131,6 +132,8 @@ def check_rope_offset_score(fn: Callable[[torch.Tensor, torch.Tensor, int], obje
     for d in deltas:
         what = f"score(q, k, {d})"
         value = run(fn, q.clone(), k.clone(), d, what=what)
+        if isinstance(value, torch.Tensor) and value.numel() == 1:
+            result_tensor(value, what, tuple(value.shape))  # no complex or half-precision number
         try:
             got.append(torch.as_tensor(value, dtype=torch.float64).reshape(()))
         except (TypeError, ValueError, RuntimeError):
@@ -150,17 +153,31 @@ def check_rope_offset_score(fn: Callable[[torch.Tensor, torch.Tensor, int], obje
     return f"the score from the offset alone equals RoPE's q_m · k_n for offsets {deltas}"
 
 
+def _permutation_example() -> tuple[torch.Tensor, torch.Tensor]:
+    """out (T, D) and the shuffle `truth` (T,): rows that only a whole-row comparison tells apart."""
+    T, D = 8, 6
+    out = torch.randn(T, D) * torch.linspace(0.3, 3.0, T)[:, None]  # rows of different lengths
+    out[5] = out[2]      # a repeated token: either copy is a right answer
+    out[6] = 2 * out[1]  # the same direction as row 1: cosine similarity cannot tell them apart
+    out[7] = -out[3]     # the same length as row 3: norms cannot tell them apart
+    return out, torch.tensor([7, 0, 6, 2, 3, 1, 5, 4])  # row 7 before row 3, row 6 before row 1
+
+
+def _like_rows(a: torch.Tensor, b: torch.Tensor) -> dict[str, bool]:
+    """Which weaker comparisons say that every row of a is its row of b."""
+    return {"norms": torch.allclose(a.norm(dim=-1), b.norm(dim=-1)),
+            "cosine": torch.allclose(torch.nn.functional.cosine_similarity(a, b, dim=-1), torch.ones(len(a)))}
+
+
 @checker("find the permutation")
 def check_find_permutation(fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -> str:
     """fn(out, shuffled), both (T, D), returns perm (T,) of integers with shuffled[i] = out[perm[i]]."""
-    T, D = 7, 6
-    out = torch.randn(T, D) * torch.linspace(0.3, 3.0, T)[:, None]  # rows of different lengths
-    out[5] = out[2]  # a repeated token: either copy is a right answer
-    truth = torch.tensor([3, 0, 6, 2, 1, 5, 4])
+    out, truth = _permutation_example()
+    T, D = out.shape
     shuffled = out[truth]
     what = f"find_permutation(out, shuffled) with out and shuffled of shape {(T, D)}"
     perm = as_tensor(run(fn, out.clone(), shuffled.clone(), what=what), what, shape=(T,))
-    if perm.is_floating_point() or perm.dtype == torch.bool:
+    if perm.is_floating_point() or perm.is_complex() or perm.dtype == torch.bool:
         raise CandidateError(f"{what} returned a {perm.dtype} tensor: indices must be integers (torch.long)")
     perm = perm.long()
     if bool((perm >= 1).all()) and int(perm.max()) == T and torch.equal(out[perm - 1], shuffled):
@@ -171,9 +188,17 @@ def check_find_permutation(fn: Callable[[torch.Tensor, torch.Tensor], torch.Tens
         raise CandidateError(f"{what} returned the inverse permutation (out[i] = shuffled[perm[i]]): "
                              f"match each row of shuffled to a row of out, not the other way round")
     if not torch.equal(out[perm], shuffled):
-        found = matching(perm.double(), {"the row with the largest dot product, which is not the same row "
-                                         "(a longer row can win): compare by distance, torch.cdist":
-                                         (shuffled @ out.T).argmax(-1).double()}, atol=0.0)
-        detail = f": {found[0]}" if found else ""
-        raise CandidateError(f"{what} returned {perm.tolist()}, and out[perm] is not shuffled{detail}")
+        alike = _like_rows(out[perm], shuffled)
+        if torch.equal(perm, (shuffled @ out.T).argmax(-1)):
+            detail = ("the row with the largest dot product, which is not the same row (a longer row "
+                      "pointing the same way wins)")
+        elif alike["cosine"]:
+            detail = ("rows matched by direction (cosine similarity): row 6 of out is twice row 1, so both "
+                      "point the same way")
+        elif alike["norms"]:
+            detail = "rows matched by their norms: row 7 of out is minus row 3, so both have the same length"
+        else:
+            raise CandidateError(f"{what} returned {perm.tolist()}, and out[perm] is not shuffled")
+        raise CandidateError(f"{what} returned {perm.tolist()}, and out[perm] is not shuffled: {detail}. "
+                             f"Compare whole rows: the nearest by distance (torch.cdist) or the equal one")
     return "out[perm] equals shuffled, rows matched exactly (and a repeated token may match either copy)"
