@@ -78,7 +78,8 @@ def _call(model: nn.Module, fwd: Forward, x: torch.Tensor, case: Case, drill: _D
     except CandidateError as exc:
         raise CandidateError(with_hints(str(exc), drill.signature)) from None
     if not torch.equal(x_in, x):
-        raise CandidateError(f"{fwd.describe(case.call)} changed x in place (an in-place op such as x += ... or x.mul_()): "
+        raise CandidateError(f"{fwd.describe(case.call)} changed x in place (an in-place op such as x += ... "
+                             f"or x.mul_()): "
                              f"forward must leave its input alone")
     S_case = T if case.context is None else case.context.shape[1]
     return unpack(value, fwd.describe(case.call), x, S_case, H, drill.need_weights)

@@ -26,10 +26,12 @@ MISTAKES = (
             "of sqrt(d_k) = sqrt(d_model / num_heads) = sqrt({Dh}); each head's dot product sums d_k terms"),
     Mistake("scale", "1/Dh", "the wrong scale: the scores are divided by d_k = {Dh} instead of sqrt(d_k)"),
     Mistake("scale", "sqrt(Dh)", "the wrong scale: the scores are multiplied by sqrt(d_k) instead of divided by it"),
-    Mistake("axis", -2, "softmax over the wrong axis: over the queries (dim=-2) instead of the keys (dim=-1); "
+    Mistake("axis", -2, "softmax over the wrong axis: over the queries (dim=-2, which is dim=2 of the scores "
+            "(B, H, T, S)) instead of the keys (dim=-1); "
             "each query's weights over the keys must sum to 1"),
     Mistake("axis", 1, "softmax over the wrong axis: over the heads (dim=1) instead of the keys (dim=-1)"),
-    Mistake("transposed", True, "the scores transposed: K Qᵀ gives one row per key ({k} acts as the queries, {q} as the keys); the scores are "
+    Mistake("transposed", True, "the scores transposed: K Qᵀ gives one row per key ({k} acts as the queries, {q} as the "
+            "keys); the scores are "
             "Q Kᵀ = q @ k.transpose(-2, -1), (B, H, T, S), one row per query", "self"),
     Mistake("split", False, "heads split without the transpose: t.view(B, H, T, Dh) cuts the sequence into "
             "heads and mixes positions; use t.view(B, T, H, Dh).transpose(1, 2)"),
