@@ -130,6 +130,11 @@ def _per_head_fused(self, x, mask=None):
     return self.W_o(F.scaled_dot_product_attention(q, k, v, attn_mask=mask).transpose(1, 2).reshape(B, T, D))
 
 
+def _renamed_no_out(self, x, mask=None):
+    q, k, v = (self.split(W(x)) for W in (self.q_proj, self.k_proj, self.v_proj))
+    return self.merge(self.probs(self.masked(self.scores(q, k), mask)) @ v)
+
+
 class Renamed(Separate):
     def __init__(self, d_model, num_heads):
         super().__init__(d_model, num_heads)
@@ -159,7 +164,7 @@ BUGGY = {
                          ["multiplied by sqrt(d_k) instead of divided by it"]),
     "scores K Qᵀ": (bug(scores=lambda self, q, k: k @ q.transpose(-2, -1) / math.sqrt(self.d_k)),
                     ["the scores transposed: K Qᵀ"]),
-    "softmax over queries": (bug(probs=lambda self, s: torch.softmax(s, dim=-2)), ["over the queries (dim=-2)"]),
+    "softmax over queries": (bug(probs=lambda self, s: torch.softmax(s, dim=-2)), ["over the queries (dim=-2"]),
     "softmax over heads": (bug(probs=lambda self, s: torch.softmax(s, dim=1)), ["over the heads (dim=1)"]),
     "split without transpose": (bug(split=_no_transpose_split), ["heads split without the transpose"]),
     "merge without transpose": (bug(merge=_no_transpose_merge), ["heads merged without the transpose"]),
@@ -170,14 +175,13 @@ BUGGY = {
     "a 0/1 float mask to SDPA": (bug(Fused, forward=_float_mask), ["the bool mask added to the scores as numbers"]),
     "mask after softmax": (bug(forward=_after_softmax_forward), ["the mask applied after the softmax"]),
     "W_o unused": (bug(output=lambda self, o: o), ["no output projection"]),
-    "no W_o": (NoWo, ["no output projection: found W_q, W_k, W_v but no W_o"]),
+    "no W_o": (NoWo, ["no output projection: found `W_q`, `W_k`, `W_v` applied to x"]),
     "heads not merged": (bug(merge=lambda self, o: o, output=lambda self, o: o),
                          ["shape (2, 3, 5, 4) = (B, H, T, Dh)", "never merged back", "expected (B, T, D) = (2, 5, 12)"]),
     "view after transpose": (bug(merge=_view_after_transpose),
                              ["raised RuntimeError", "at line", "return o.transpose(1, 2).view(B, T, -1)",
                               "use .reshape"]),
-    "other names": (Renamed, ["expects linear layers named W_q, W_k, W_v, W_o", "W_qkv, W_o",
-                              "found q_proj = Linear(12 → 12)", "out_proj"]),
+    "W_o unused, named out_proj": (bug(Renamed, forward=_renamed_no_out), ["your `out_proj` is never applied"]),
     "dropout left on": (bug(probs=lambda self, s: F.dropout(torch.softmax(s, -1), 0.5)),
                         ["two different outputs", "eval() mode", "dropout"]),
     "no scale + inverted mask": (bug(scores=_unscaled, masked=_inverted),
@@ -188,7 +192,6 @@ BUGGY = {
         bug(scores=lambda self, q, k: q @ k.transpose(-2, -1) / math.sqrt(self.h * self.d_k),
             probs=lambda self, s: torch.softmax(s, dim=-2)),
         ["two mistakes at once", "sqrt(d_model)", "over the queries"]),
-    "fused split per head": (bug(Fused, forward=_per_head_fused), ["per head as (H, 3, Dh)"]),
 }
 
 
@@ -198,7 +201,8 @@ def test_buggy_candidate_fails_and_the_mistake_is_named(name):
     assert_fails_naming(check_multi_head_attention(candidate), words)
 
 
-@pytest.mark.parametrize("candidate", [Separate, Fused, Einsum], ids=["separate", "fused", "einsum"])
+@pytest.mark.parametrize("candidate", [Separate, Fused, Einsum, Renamed, bug(Fused, forward=_per_head_fused)],
+                         ids=["separate", "fused", "einsum", "renamed", "fused per head"])
 def test_correct_answers_pass(candidate):
     result = check_multi_head_attention(candidate)
     assert result.passed, result.message
@@ -218,7 +222,7 @@ def test_the_catalog_covers_every_known_mistake_in_the_drill():
 def test_a_nan_from_a_wrong_axis_is_still_named():
     """softmax over the queries with a -1e9 fill: fully masked columns become uniform, not NaN or 0."""
     result = check_multi_head_attention(bug(Einsum, forward=_einsum_axis))
-    assert not result.passed and "over the queries (dim=-2)" in result.message, result.message
+    assert not result.passed and "over the queries (dim=-2" in result.message, result.message
 
 
 def _einsum_axis(self, x, mask):
@@ -254,20 +258,6 @@ class Params(nn.Module):
         return x
 
 
-class Lowercase(Separate):
-    def __init__(self, d_model, num_heads):
-        super().__init__(d_model, num_heads)
-        self.w_q = self.W_q
-        del self.W_q
-
-
-class Annotated(Separate):  # the Annotated Transformer keeps its four layers in a ModuleList
-    def __init__(self, d_model, num_heads):
-        super().__init__(d_model, num_heads)
-        self.linears = nn.ModuleList([self.W_q, self.W_k, self.W_v, self.W_o])
-        del self.W_q, self.W_k, self.W_v, self.W_o
-
-
 class Narrow(Separate):
     def __init__(self, d_model, num_heads):
         super().__init__(d_model, num_heads)
@@ -292,20 +282,17 @@ ODD = {
     "an int": (42, ["expected a function or class, got int"]),
     "None": (None, ["got NoneType"]),
     "an instance": (Separate(12, 3), ["pass the class itself, not an instance"]),
-    "a function returning an int": (lambda d, h: 3, ["gave a int, not a torch.nn.Module"]),
-    "a constructor that raises": (bug(__init__=_bad_init), ["BuggySeparate(12, 3) raised ValueError: d_model must be",
+    "a function returning an int": (lambda d, h: 3, ["gave a int", "the drill asks for an nn.Module class"]),
+    "a constructor that raises": (bug(__init__=_bad_init), ["BuggySeparate(d_model=12, num_heads=3) raised ValueError: d_model must be",
                                                             "at line", "raise ValueError"]),
     "no super().__init__()": (NoSuper, ["raised AttributeError", "call super().__init__() first"]),
     "no forward (dedented)": (NoForward, ["NoForward has no forward method", "indented"]),
     "raw parameters": (Params, ["found no nn.Linear layer, only the parameters W_q (12, 12)"]),
-    "lowercase w_q": (Lowercase, ["w_q = Linear(12 → 12)", "case-sensitive: rename w_q to W_q"]),
-    "a ModuleList": (Annotated, ["found linears.0 = Linear(12 → 12)"]),
-    "W_q too narrow": (Narrow, ["W_q should be nn.Linear(12, 12)", "got nn.Linear(12, 4)"]),
+    "W_q too narrow": (Narrow, ["`W_q` = nn.Linear(12, 4) is applied to x", "found W_q = Linear(12 → 4), W_k"]),
     "returns None": (bug(forward=lambda self, x, mask=None: None), ["forward(x) returned None", "`return`"]),
-    "returns three things": (bug(forward=lambda self, x, mask=None: (x, x, x)), ["tuple of 3 items"]),
+    "returns three things": (bug(forward=lambda self, x, mask=None: (x, x, x)),
+                             ["tuple of 3 items ((2, 5, 12), (2, 5, 12), (2, 5, 12)), 3 of them of shape (B, T, D)"]),
     "returns a string": (bug(forward=lambda self, x, mask=None: "out"), ["should be a torch.Tensor, got str"]),
-    "returns (weights, out)": (bug(Einsum, forward=lambda self, x, mask=None: Einsum.forward(self, x, mask)[::-1]),
-                               ["returned (weights, out): return (out, weights)"]),
     "returns float64": (bug(forward=lambda self, x, mask=None: Separate.forward(self, x, mask).double()),
                         ["dtype torch.float64", "torch.float32"]),
     "returns integers": (bug(forward=lambda self, x, mask=None: Separate.forward(self, x, mask).long()),
@@ -315,8 +302,8 @@ ODD = {
     "returns (T, B, D)": (bug(forward=lambda self, x, mask=None: Separate.forward(self, x, mask).transpose(0, 1)),
                           ["(T, B, D): batch and time are swapped"]),
     "changes x in place": (bug(forward=_in_place), ["changed x in place"]),
-    "another argument name": (bug(forward=lambda self, x, attn_mask=None: Separate.forward(self, x, attn_mask)),
-                              ["unexpected keyword argument 'mask'", "forward(self, x, mask=None)"]),
+    "no mask argument": (bug(forward=lambda self, x: Separate.forward(self, x)),
+                         ["unexpected keyword argument 'mask'", "forward(self, x, mask=None)"]),
     "a (B, T, T) mask expected": (bug(forward=_add_head_axis), ["Given the same mask as (B, T, T), your forward is "
                                                                 "right", "do not add a head axis"]),
     "NaN everywhere": (bug(forward=lambda self, x, mask=None: Separate.forward(self, x, mask) * float("nan")),

@@ -1,13 +1,13 @@
 """The interview drill's catalog of classic mistakes, each a change to one field of drill_variants.Variant.
 
-`needs` says which calls can reveal a mistake (a mask, is_causal, a fused W_qkv, a context), so that
+`needs` says which calls can reveal a mistake (a mask, is_causal, a context), so that
 the checker only tries the mistakes the reader's calls could show. `describe` puts them in words.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import NamedTuple
 
 __all__ = ["Mistake", "MISTAKES", "describe"]
@@ -16,8 +16,8 @@ __all__ = ["Mistake", "MISTAKES", "describe"]
 class Mistake(NamedTuple):
     field: str
     value: object
-    text: str  # may use {Dh}, {D} and {sqrt_Dh}
-    needs: str = ""  # when it can show: "mask", "causal", "masked" (either), "fused", "cross", "self", "" (always)
+    text: str  # may use {Dh}, {D}, {sqrt_Dh} and the reader's layer names {q}, {k}, {v}, {o}
+    needs: str = ""  # when it can show: "mask", "causal", "masked" (either), "cross", "self", "" (always)
 
 
 MISTAKES = (
@@ -26,16 +26,18 @@ MISTAKES = (
             "of sqrt(d_k) = sqrt(d_model / num_heads) = sqrt({Dh}); each head's dot product sums d_k terms"),
     Mistake("scale", "1/Dh", "the wrong scale: the scores are divided by d_k = {Dh} instead of sqrt(d_k)"),
     Mistake("scale", "sqrt(Dh)", "the wrong scale: the scores are multiplied by sqrt(d_k) instead of divided by it"),
-    Mistake("axis", -2, "softmax over the wrong axis: over the queries (dim=-2) instead of the keys (dim=-1); "
+    Mistake("axis", -2, "softmax over the wrong axis: over the queries (dim=-2, which is dim=2 of the scores "
+            "(B, H, T, S)) instead of the keys (dim=-1); "
             "each query's weights over the keys must sum to 1"),
     Mistake("axis", 1, "softmax over the wrong axis: over the heads (dim=1) instead of the keys (dim=-1)"),
-    Mistake("transposed", True, "the scores transposed: K Qᵀ gives one row per key; the scores are "
+    Mistake("transposed", True, "the scores transposed: K Qᵀ gives one row per key ({k} acts as the queries, {q} as the "
+            "keys); the scores are "
             "Q Kᵀ = q @ k.transpose(-2, -1), (B, H, T, S), one row per query", "self"),
     Mistake("split", False, "heads split without the transpose: t.view(B, H, T, Dh) cuts the sequence into "
             "heads and mixes positions; use t.view(B, T, H, Dh).transpose(1, 2)"),
     Mistake("merge", False, "heads merged without the transpose: reshaping (B, H, T, Dh) straight to (B, T, D) "
             "mixes heads and positions; use out.transpose(1, 2).reshape(B, T, D)"),
-    Mistake("w_o", False, "no output projection: the merged heads must go through W_o"),
+    Mistake("w_o", False, "no output projection: your {o} is never applied to the merged heads"),
     Mistake("mask", "inverted", "an inverted mask: True means may attend, so fill the scores where the mask is "
             "False: scores.masked_fill(~mask, float('-inf'))", "mask"),
     Mistake("mask", "ignored", "the mask is ignored: the output with a mask equals the output without it", "mask"),
@@ -52,15 +54,14 @@ MISTAKES = (
     Mistake("causal", "replaces mask", "with is_causal=True the mask is dropped: apply both, mask & causal", "causal"),
     Mistake("causal", "strict", "the causal mask hides the diagonal: a query must see its own position "
             "(keep j <= i: torch.tril(ones, diagonal=0), or hide torch.triu(ones, diagonal=1))", "causal"),
-    Mistake("layout", "per_head", "W_qkv's output split per head as (H, 3, Dh); the drill's layout is "
-            "[q | k | v]: q, k, v = self.W_qkv(x).chunk(3, dim=-1), or .view(B, T, 3, H, Dh)", "fused"),
     Mistake("kv_from_x", True, "keys and values projected from x instead of from context: in cross-attention "
             "only the queries come from x", "cross"),
 )
 
 
-def describe(combo: Sequence[Mistake], d_model: int, num_heads: int) -> str:
-    """The mistakes in plain words: 'X' for one, '(1) X; (2) Y' for two."""
+def describe(combo: Sequence[Mistake], d_model: int, num_heads: int, names: Mapping[str, str] | None = None) -> str:
+    """The mistakes in plain words, with the reader's layer names: 'X' for one, '(1) X; (2) Y' for two."""
     Dh = d_model // num_heads
-    texts = [m.text.format(Dh=Dh, D=d_model, sqrt_Dh=math.sqrt(Dh)) for m in combo]
+    named = {r: f"`{n}`" for r, n in (names or {"q": "W_q", "k": "W_k", "v": "W_v", "o": "W_o"}).items()}
+    texts = [m.text.format(Dh=Dh, D=d_model, sqrt_Dh=math.sqrt(Dh), **named) for m in combo]
     return texts[0] if len(texts) == 1 else "; ".join(f"({i}) {t}" for i, t in enumerate(texts, 1))

@@ -1,7 +1,8 @@
 """The interview drill's output checks: what the reader's forward returned, and what it should have.
 
-forward returns out (B, T, D), or (out, weights) with weights (B, H, T, S); anything else gets a
-message that says what came back and, for the shapes readers often return by mistake, why.
+forward returns out (B, T, D), or a tuple in which exactly one element has that shape (the others may be
+the weights (B, H, T, S), in any order); anything else gets a message that says what came back and,
+for the shapes readers often return by mistake, why.
 """
 
 from __future__ import annotations
@@ -33,18 +34,22 @@ def _shape_mistakes(B: int, T: int, S: int, D: int, H: int) -> dict[tuple[int, .
 
 def unpack(value: object, call: str, x: torch.Tensor, S: int, num_heads: int,
            need_weights: bool) -> tuple[torch.Tensor, object]:
-    """(out, weights or None) from what forward returned; CandidateError if it is not out (B, T, D) [, weights]."""
+    """(out, weights or None) from what forward returned; CandidateError if it holds no single out (B, T, D)."""
     B, T, D = x.shape
     if value is None:
         raise CandidateError(f"{call} returned None: is the `return` missing at the end of forward?")
     weights = None
     if isinstance(value, (tuple, list)):
-        if len(value) != 2:
-            raise CandidateError(f"{call} returned a {type(value).__name__} of {len(value)} items: "
-                                 f"return out (B, T, D), or (out, weights)")
-        if _shape(value[0]) == (B, num_heads, T, S) and _shape(value[1]) == (B, T, D):
-            raise CandidateError(f"{call} returned (weights, out): return (out, weights)")
-        value, weights = value
+        outs = [i for i, item in enumerate(value) if _shape(item) == (B, T, D)]
+        if len(outs) != 1 and not (not outs and 1 <= len(value) <= 2):  # one or two items: value[0] is told why
+            shapes = ", ".join(fmt_shape(s) if (s := _shape(item)) else type(item).__name__ for item in value)
+            raise CandidateError(f"{call} returned a {type(value).__name__} of {len(value)} items ({shapes}), "
+                                 f"{len(outs)} of them of shape (B, T, D) = {fmt_shape((B, T, D))}: return out, "
+                                 f"or a tuple with exactly one such tensor, the output (the others may be the weights)")
+        i = outs[0] if outs else 0
+        rest = [item for j, item in enumerate(value) if j != i]
+        weights = next((w for w in rest if _shape(w) == (B, num_heads, T, S)), rest[0] if len(rest) == 1 else None)
+        value = value[i]
     elif need_weights:
         raise CandidateError(f"{call} returned only out: this exercise returns (out, weights), "
                              f"weights (B, H, T, S) = {fmt_shape((B, num_heads, T, S))}")

@@ -47,7 +47,6 @@ class Case:
 class Variant:
     """How each step of multi-head attention is done; the defaults are right."""
 
-    layout: str = "qkv"  # W_qkv's rows: "qkv" = [q; k; v], "per_head" = (H, 3, Dh) (drill_layers.project)
     kv_from_x: bool = False  # keys and values projected from x although a context is given
     split: bool = True  # (B, T, D) -view-> (B, T, H, Dh) -transpose-> (B, H, T, Dh); False: view (B, H, T, Dh)
     scale: str = "1/sqrt(Dh)"  # the factor on Q Kᵀ, a key of SCALES
@@ -123,7 +122,7 @@ def simulate(layers: Layers, num_heads: int, x: torch.Tensor, case: Case,
     one pair per way an all-masked softmax group can come out (see _flavours)."""
     context = x if case.context is None else case.context
     with torch.no_grad():
-        q, k, v = project(layers, x, x if variant.kv_from_x else context, num_heads, variant.layout)
+        q, k, v = project(layers, x, x if variant.kv_from_x else context)
         q, k, v = (_split(t, num_heads, variant.split) for t in (q, k, v))  # (B, H, T or S, Dh)
         allowed = _allowed(case, variant, q.shape[-2], k.shape[-2])
         pairs = []
@@ -136,7 +135,7 @@ def simulate(layers: Layers, num_heads: int, x: torch.Tensor, case: Case,
 
 
 def _applies(m: Mistake, layers: Layers, cases: Sequence[Case]) -> bool:
-    has = {"": True, "fused": layers.fused, "cross": any(c.context is not None for c in cases),
+    has = {"": True, "cross": any(c.context is not None for c in cases),
            "self": all(c.context is None for c in cases),
            "mask": any(c.mask is not None for c in cases), "causal": any(c.is_causal for c in cases)}
     has["masked"] = has["mask"] or has["causal"]
