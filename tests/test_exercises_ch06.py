@@ -27,6 +27,20 @@ def test_encoder_block_accepts_a_correct_one():
     assert check_encoder_block(lambda layer, x, valid: block(layer, x, valid, mask_fn=masks.from_hf)).passed
 
 
+def queries_masked_too(valid):
+    """A (B, 1, T, T) mask: padded tokens neither attend nor are attended to (their rows come out zero)."""
+    real = valid.bool()                                                   # (B, T)
+    return real[:, None, :, None] & real[:, None, None, :]                # (B, 1, T, T)
+
+
+def test_encoder_block_accepts_padded_queries_masked_too():
+    assert check_encoder_block(lambda layer, x, valid: block(layer, x, valid, mask_fn=queries_masked_too)).passed
+
+    def zeroed_padding(layer, x, valid):                                  # a block that blanks padded outputs
+        return block(layer, x, valid) * valid[:, :, None]
+    assert check_encoder_block(zeroed_padding).passed
+
+
 @pytest.mark.parametrize("buggy, phrases", [
     (lambda l, x, v: block(l, x, v, order="pre"), ["the pre-LN order"]),
     (lambda l, x, v: block(l, x, v, mask_fn=None), ["no padding mask"]),
@@ -104,6 +118,19 @@ def with_bug(bug):
 def test_find_head_accepts_a_correct_one():
     assert check_find_head(good_find).passed
     assert check_find_head(lambda w, q, k: [torch.tensor(v) for v in good_find(w, q, k)]).passed
+
+    def loops(weights, query, key):                                       # plain Python, no stacking
+        best = max((float(w[h, query, key]), layer, h) for layer, w in enumerate(weights) for h in range(len(w)))
+        return best[1], best[2]
+    assert check_find_head(loops).passed
+
+
+@pytest.mark.parametrize("reduce", ["sum", "mean"])
+def test_find_head_names_a_column_summed_over_the_queries(reduce):
+    def column(weights, query, key):
+        w = getattr(torch.stack(list(weights))[..., key], reduce)(-1)    # (L, H): every query's weight on key
+        return divmod(int(w.argmax()), w.shape[1])
+    assert_names(check_find_head(column), "summed (or averaged) over ALL queries")
 
 
 @pytest.mark.parametrize("bug, phrases", [

@@ -10,8 +10,26 @@ from exercise_helpers import assert_names, stub
 # --- repeat_kv ----------------------------------------------------------------------------------
 
 def test_repeat_kv_accepts_correct_ones():
-    assert check_repeat_kv(lambda x, n: torch.repeat_interleave(x, n, dim=1)).passed
     assert check_repeat_kv(lambda x, n: x[:, :, None].expand(-1, -1, n, -1, -1).flatten(1, 2)).passed
+    assert check_repeat_kv(lambda x, n: x[:, torch.arange(x.shape[1] * n) // n]).passed           # indexing
+    assert check_repeat_kv(lambda x, n: torch.stack([x] * n, dim=2).reshape(x.shape[0], -1, *x.shape[2:])).passed
+
+    def hf_style(hidden_states, n_rep):                                   # transformers' repeat_kv
+        batch, num_key_value_heads, slen, head_dim = hidden_states.shape
+        if n_rep == 1:
+            return hidden_states
+        hidden_states = hidden_states[:, :, None, :, :].expand(batch, num_key_value_heads, n_rep, slen, head_dim)
+        return hidden_states.reshape(batch, num_key_value_heads * n_rep, slen, head_dim)
+    assert check_repeat_kv(hf_style).passed
+
+
+@pytest.mark.parametrize("shortcut", [
+    lambda x, n: torch.repeat_interleave(x, n, dim=1),
+    lambda x, n: x.repeat_interleave(n, dim=1),
+    lambda x, n: x.repeat_interleave(torch.full((x.shape[1],), n), dim=1),
+])
+def test_repeat_kv_says_when_it_uses_the_shortcut_the_exercise_rules_out(shortcut):
+    assert_names(check_repeat_kv(shortcut), "gives the right result, but it calls repeat_interleave")
 
 
 @pytest.mark.parametrize("buggy, phrases", [

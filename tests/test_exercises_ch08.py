@@ -1,5 +1,7 @@
 """Chapter 8's checkers: a correct answer passes, each classic mistake is named, stubs and crashes are handled."""
 
+import copy
+
 import pytest
 import torch
 
@@ -79,7 +81,63 @@ def decode(decoder, input_ids, max_new_tokens):
 
 
 def test_cached_decode_accepts_a_correct_one():
-    assert check_cached_decode(decode).passed
+    result = check_cached_decode(decode)
+    assert result.passed and "in 8 decoder calls" in result.message, result
+
+
+def while_loop(model, prompt, n):  # transformers' names, a while loop, forward() called directly
+    past_key_values, generated = KVCache(), prompt
+    next_input = prompt
+    while generated.shape[1] < prompt.shape[1] + n:
+        logits = model.forward(next_input, past_key_values)
+        next_input = torch.argmax(logits[0, -1]).view(1, 1)
+        generated = torch.hstack([generated, next_input])
+    return generated
+
+
+def feeds_the_last_token(decoder, input_ids, max_new_tokens):  # one wasted call at the end
+    cache, out = KVCache(), input_ids
+    logits = decoder(input_ids, cache)
+    for _ in range(max_new_tokens):
+        out = torch.cat([out, logits[:, -1:].argmax(-1)], dim=1)
+        logits = decoder(out[:, -1:], cache)
+    return out
+
+
+def test_cached_decode_accepts_other_styles():
+    assert check_cached_decode(while_loop).passed
+    result = check_cached_decode(feeds_the_last_token)
+    assert result.passed and "the last call fed the final token" in result.message, result
+
+
+def peeks_then_extends(decoder, input_ids, max_new_tokens):  # twice per step: a copy of the cache to peek
+    cache, out = KVCache(), input_ids
+    logits = decoder(input_ids, cache)
+    for _ in range(max_new_tokens - 1):
+        out = torch.cat([out, logits[:, -1].argmax(-1, keepdim=True)], dim=1)
+        decoder(out[:, -1:], copy.deepcopy(cache))                       # the peek, thrown away
+        logits = decoder(out[:, -1:], cache)
+    return torch.cat([out, logits[:, -1].argmax(-1, keepdim=True)], dim=1)
+
+
+def prompt_in_pieces(decoder, input_ids, max_new_tokens):
+    cache, out = KVCache(), input_ids
+    for t in range(input_ids.shape[1]):
+        logits = decoder(input_ids[:, t:t + 1], cache)                   # the prompt one token at a time
+    for _ in range(max_new_tokens):
+        out = torch.cat([out, logits[:, -1].argmax(-1, keepdim=True)], dim=1)
+        if out.shape[1] < input_ids.shape[1] + max_new_tokens:
+            logits = decoder(out[:, -1:], cache)
+    return out
+
+
+@pytest.mark.parametrize("wasteful, phrases", [
+    (peeks_then_extends, ["right tokens, but the decoder was called 15 times for 8 new tokens",
+                          "2 calls per step", "twice per step"]),
+    (prompt_in_pieces, ["the prompt was fed in pieces", "fed 1 of its 6 tokens"]),
+])
+def test_cached_decode_counts_the_calls(wasteful, phrases):
+    assert_names(check_cached_decode(wasteful), *phrases)
 
 
 def no_cache(decoder, input_ids, max_new_tokens):

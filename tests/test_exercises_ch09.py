@@ -28,7 +28,48 @@ def lse(chunks, *, rescale=True, wrong_way=False, subtract_max=True, add_max=Tru
 
 def test_online_logsumexp_accepts_a_correct_one():
     assert check_online_logsumexp(lse).passed
-    assert check_online_logsumexp(lambda chunks: torch.logsumexp(torch.cat(list(chunks)), 0)).passed
+
+    def with_tensors(chunks):                                             # torch scalars, logaddexp per chunk
+        total = torch.tensor(NEG_INF, dtype=torch.float64)
+        for x in chunks:
+            total = torch.logaddexp(total, torch.logsumexp(x.double(), 0))
+        return total
+
+    def first_then_rest(chunks):                                          # starts from the first chunk
+        it = iter(chunks)
+        first = next(it)
+        m = torch.cat([first.new_tensor([NEG_INF]), first]).max()        # a small cat: chunk + state
+        l = torch.exp(first - m).sum() if m > NEG_INF else torch.tensor(0.0)
+        for x in it:
+            m_new = torch.stack([m, x.max()]).max()
+            if m_new == NEG_INF:
+                continue
+            l = l * torch.exp(m - m_new) + torch.exp(x - m_new).sum()
+            m = m_new
+        return m + torch.log(l)
+    assert check_online_logsumexp(with_tensors).passed
+    assert check_online_logsumexp(first_then_rest).passed
+
+
+def concatenates_as_it_goes(chunks):
+    seen = torch.empty(0)
+    for x in chunks:
+        seen = torch.cat([seen, x])
+    return torch.logsumexp(seen, 0)
+
+
+def reads_all_first(chunks):
+    return lse(list(chunks))                                              # the online loop, on a kept list
+
+
+@pytest.mark.parametrize("keeps, phrase", [
+    (lambda chunks: torch.logsumexp(torch.cat(list(chunks)), 0), "keeps every chunk and concatenates them"),
+    (lambda chunks: torch.hstack(tuple(chunks)).logsumexp(0), "keeps every chunk and concatenates them"),
+    (concatenates_as_it_goes, "keeps every chunk and concatenates them"),
+    (reads_all_first, "reads the whole stream"),
+])
+def test_online_logsumexp_says_when_it_keeps_the_stream(keeps, phrase):
+    assert_names(check_online_logsumexp(keeps), "the values are right, but", phrase)
 
 
 @pytest.mark.parametrize("kwargs, phrase", [

@@ -66,8 +66,10 @@ def check_encoder_block(fn: Callable[[EncoderLayer, torch.Tensor, torch.Tensor],
         layer.forward = _refuse_call                                   # the reader must use the parts
         what = f"encoder_block(layer, x, valid) with x of shape {(B, T, D)} and valid {(B, T)}"
         got = as_tensor(run(fn, layer, x.clone(), valid.clone(), what=what), what, shape=(B, T, D))
-    expect_close(got, expected, what, mistakes=mistakes, atol=1e-4)
-    return "equals EncoderLayer (post-LN, with the padding mask) on a padded batch"
+    real = valid.bool()                            # (B, T): a padded query's output is not specified
+    expect_close(got[real], expected[real], f"{what}, at the real tokens",
+                 mistakes={name: wrong[real] for name, wrong in mistakes.items()}, atol=1e-4)
+    return "equals EncoderLayer (post-LN, with the padding mask) at every real token of a padded batch"
 
 
 def _pool_mistakes(hidden: torch.Tensor, mask: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -109,13 +111,16 @@ def check_mean_pool(fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) ->
 def _planted_maps(L: int, H: int, T: int, query: int, key: int,
                   places: dict[str, tuple[int, int]]) -> list[torch.Tensor]:
     """L random (H, T, T) softmax maps with weights[l][h, query, key] largest at places['answer'],
-    [key, query] largest at places['transposed'] and [query, key] smallest at places['smallest']."""
+    [key, query] largest at places['transposed'], [query, key] smallest at places['smallest'], and
+    the column `key` summed over the queries largest at places['column'] (every other query looks there)."""
     w = torch.softmax(torch.randn(L, H, T, T), dim=-1) * 0.5           # (L, H, T, T), entries < 0.5
     w[:, :, query, key] = torch.empty(L, H).uniform_(0.05, 0.3)
     w[:, :, key, query] = torch.empty(L, H).uniform_(0.05, 0.3)
     w[places["answer"] + (query, key)] = 0.9
     w[places["transposed"] + (key, query)] = 0.95
     w[places["smallest"] + (query, key)] = 0.001
+    others = [i for i in range(T) if i != query]
+    w[places["column"] + (others, [key] * len(others))] = 0.8
     return list(w.unbind(0))
 
 
@@ -142,6 +147,9 @@ def _find_head_stage(fn: Callable, L: int, H: int, T: int, query: int, key: int,
         (layer + 1, head + 1): "counted from 1: layers and heads are numbered from 0",
         divmod(flat, L): "the flat index split with the wrong number: divmod(i, L) instead of "
                          "divmod(i, H), the number of heads per layer",
+        places["column"]: "each head's column `key` summed (or averaged) over ALL queries: that is how "
+                          "much every token looks at the key; the query's own weight is the one entry "
+                          "weights[layer][head, query, key]",
     }
     if got != (layer, head):
         name = mistakes.get(got)
@@ -152,6 +160,8 @@ def _find_head_stage(fn: Callable, L: int, H: int, T: int, query: int, key: int,
 @checker("find the head")
 def check_find_head(fn: Callable[[list, int, int], tuple[int, int]]) -> str:
     """fn(weights [(H, T, T)] per layer, query, key) -> (layer, head) where weights[layer][head, query, key] is largest."""
-    _find_head_stage(fn, 3, 4, 7, 5, 2, {"answer": (2, 1), "transposed": (0, 3), "smallest": (1, 0)})
-    _find_head_stage(fn, 5, 2, 6, 1, 4, {"answer": (3, 0), "transposed": (0, 1), "smallest": (2, 1)})
+    _find_head_stage(fn, 3, 4, 7, 5, 2, {"answer": (2, 1), "transposed": (0, 3), "smallest": (1, 0),
+                                         "column": (0, 1)})
+    _find_head_stage(fn, 5, 2, 6, 1, 4, {"answer": (3, 0), "transposed": (0, 1), "smallest": (2, 1),
+                                         "column": (0, 0)})
     return "finds the (layer, head) where the query puts the most weight on the key"

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 
 import torch
+from torch.overrides import TorchFunctionMode
 
 from attnlib.exercises._core import CandidateError, as_tensor, checker, expect_close, matching, run
 from attnlib.gqa import mean_pool_kv_heads
@@ -12,6 +13,23 @@ from attnlib.kv_cache import cache_bytes
 from attnlib.mha import repeat_kv
 
 __all__ = ["check_repeat_kv", "check_kv_cache_bytes", "check_mean_pool_kv_heads"]
+
+
+class CallLog(TorchFunctionMode):
+    """Records each torch function or Tensor method called while active: its __name__ (`names`) and the
+    size of the tensor it returned (`sizes`, 0 for anything else), so that a checker can say when an
+    answer takes a shortcut its exercise rules out."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.names: list[str] = []
+        self.sizes: list[int] = []
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        self.names.append(getattr(func, "__name__", repr(func)))
+        self.sizes.append(out.numel() if isinstance(out, torch.Tensor) else 0)
+        return out
 
 
 def _tensor_or_named(got: object, what: str, shape: tuple[int, ...],
@@ -30,7 +48,9 @@ def check_repeat_kv(fn: Callable[[torch.Tensor, int], torch.Tensor]) -> str:
     B, H_kv, S, Dh, n_rep = 2, 2, 5, 4, 3  # all different: no axis can stand in for another
     x = torch.randn(B, H_kv, S, Dh)
     what = f"repeat_kv(x, n_rep={n_rep}) with x of shape {(B, H_kv, S, Dh)}"
-    got = _tensor_or_named(run(fn, x.clone(), n_rep, what=what), what, (B, H_kv * n_rep, S, Dh), {
+    with CallLog() as log:
+        got = run(fn, x.clone(), n_rep, what=what)
+    got = _tensor_or_named(got, what, (B, H_kv * n_rep, S, Dh), {
         "x unchanged: the kv heads were never repeated": x,
         "repeats along the sequence axis (dim=2) instead of the head axis (dim=1)":
             x.repeat_interleave(n_rep, dim=2),
@@ -47,6 +67,10 @@ def check_repeat_kv(fn: Callable[[torch.Tensor, int], torch.Tensor]) -> str:
     })
     once = run(fn, x.clone(), 1, what="repeat_kv(x, n_rep=1)")
     expect_close(as_tensor(once, "repeat_kv(x, n_rep=1)", shape=x.shape), x, "repeat_kv(x, n_rep=1)")
+    if "repeat_interleave" in log.names:
+        raise CandidateError(f"{what} gives the right result, but it calls repeat_interleave, which this "
+                             f"exercise rules out: write it with expand and reshape (a view, then one copy), "
+                             f"or by indexing the heads with torch.arange(H_kv * n_rep) // n_rep")
     return "each kv head repeated n_rep times in place, so query head i meets kv head i // n_rep"
 
 

@@ -96,6 +96,13 @@ class _Recorder:
         self.calls.append((int(input_ids.shape[-1]), before))
         return logits
 
+    forward = __call__                                  # decoder.forward(ids, cache) is counted too
+
+    def __getattr__(self, name: str):                   # anything else a loop reads: the decoder's
+        if name == "decoder":                           # not set yet (a copy being made): no recursion
+            raise AttributeError(name)
+        return getattr(self.decoder, name)
+
 
 def _tiny_decoder() -> LlamaDecoder:
     torch.manual_seed(0)
@@ -138,7 +145,27 @@ def check_cached_decode(fn: Callable[[Callable, torch.Tensor, int], torch.Tensor
     if any(before == 0 for _, before in recorder.calls[1:]):
         raise CandidateError(f"right tokens, but a new empty KVCache was made after the first call: "
                              f"{sum(fed)} tokens fed instead of {T + new - 1}; make one cache before the loop")
-    return f"the same tokens as attnlib.generate, with {T} prompt tokens fed once and one token per later call"
+    return _count_calls(fed, T, new)
+
+
+def _count_calls(fed: list[int], T: int, new: int) -> str:
+    """The success message for a loop that fed `fed` tokens per call, or the CandidateError naming its waste:
+    a greedy loop makes `new` calls, the prefill (T tokens) then one token for each new token but the last."""
+    if fed[0] != T:
+        raise CandidateError(f"right tokens, but the prompt was fed in pieces (the first call fed {fed[0]} of its "
+                             f"{T} tokens): feed the whole prompt in one call, the prefill, then one token per call")
+    steps = len(fed) - 1
+    if steps > new:
+        per_step = f" (about {round(steps / (new - 1))} calls per step)" if steps >= 2 * (new - 1) else ""
+        raise CandidateError(f"right tokens, but the decoder was called {len(fed)} times for {new} new tokens"
+                             f"{per_step}, feeding {sum(fed)} tokens in all; a greedy loop needs {new} calls: "
+                             f"the prefill, then one call per new token but the last. A loop that calls the "
+                             f"decoder twice per step (say, once to peek at the logits and once to extend the "
+                             f"cache) does every step's work twice")
+    note = ("" if steps == new - 1 else
+            "; the last call fed the final token, whose logits are never used: the loop can stop before it")
+    return (f"the same tokens as attnlib.generate in {len(fed)} decoder calls: the {T} prompt tokens once, then "
+            f"one token per call{note}")
 
 
 def _first_token_logits(decoder: LlamaDecoder, prompt: torch.Tensor, new: int) -> torch.Tensor:

@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterator
 import torch
 
 from attnlib.exercises._core import CandidateError, as_tensor, checker, expect_close, run
+from attnlib.exercises.ch07 import CallLog
 
 __all__ = ["check_online_logsumexp", "check_merge_partials", "check_tile_step"]
 
@@ -89,13 +90,43 @@ def _lse_stream(chunks: list[torch.Tensor], rescale: bool = True, wrong_way: boo
     return float((m if add_max else 0.0) + torch.log(l))
 
 
+_CONCATS = {"cat", "concat", "concatenate", "stack", "hstack", "vstack", "dstack", "column_stack", "row_stack"}
+
+
+class _StreamWatch(CallLog):
+    """Serves one stream of chunks (`stream()`) and records the calls made while the reader's code reads it."""
+
+    def __init__(self, chunks: list[torch.Tensor]) -> None:
+        super().__init__()
+        self.chunks, self.unused_when_read = [c.clone() for c in chunks], 0
+
+    def stream(self) -> Iterator[torch.Tensor]:
+        calls_before = None
+        for chunk in self.chunks:  # counts the chunks read while the one before was not used at all
+            self.unused_when_read += calls_before == len(self.names)
+            calls_before = len(self.names)
+            yield chunk
+
+    def kept_every_chunk(self) -> str | None:
+        """How the reader's pass kept the whole stream, or None."""
+        total = sum(c.numel() for c in self.chunks)
+        if any(n in _CONCATS and size >= total for n, size in zip(self.names, self.sizes)):
+            return "it keeps every chunk and concatenates them (torch.cat over the whole stream)"
+        if self.unused_when_read == len(self.chunks) - 1:
+            return "it reads the whole stream (list(chunks), say) before using its first chunk"
+        return None
+
+
 @checker("online logsumexp")
 def check_online_logsumexp(fn: Callable[[Iterator[torch.Tensor]], float]) -> str:
     """fn(chunks) reads an iterator of 1-D score chunks once and returns log Σ exp over all of them."""
     streams = _streams()
-    got = []
+    got, kept = [], []
     for i, chunks in enumerate(streams):
-        value = run(fn, iter([c.clone() for c in chunks]), what=f"your function on stream {i}")
+        watch = _StreamWatch(chunks)
+        with watch:
+            value = run(fn, watch.stream(), what=f"your function on stream {i}")
+        kept.append(watch.kept_every_chunk())
         try:
             got.append(float(value))
         except (TypeError, ValueError, RuntimeError):
@@ -113,6 +144,11 @@ def check_online_logsumexp(fn: Callable[[Iterator[torch.Tensor]], float]) -> str
                 for name, kw in variants.items()}
     expect_close(_nan_if_not_finite(torch.tensor(got, dtype=torch.float64)), expected, "the logsumexp of 4 streams",
                  mistakes=mistakes, atol=1e-6)
+    how = next((k for k in kept if k), None)
+    if how:
+        raise CandidateError(f"the values are right, but {how}, which this exercise rules out: a stream is read "
+                             f"once and may be longer than memory; keep only a running max and a running sum, "
+                             f"and fold each chunk into them before reading the next")
     return "one pass, no overflow at 1000, a growing and a shrinking max, and an all -inf first chunk"
 
 
