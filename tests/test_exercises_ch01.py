@@ -150,3 +150,47 @@ def test_one_query_stub_and_crash():
         return [x / 0 for x in q]
     assert_names(check_one_query_attention(divides_by_zero), "raised ZeroDivisionError", "return [x / 0 for x in q]")
     assert_names(check_one_query_attention(lambda q, k, v: "output"), "should be a list of numbers, got str")
+
+
+# --- issue 20's gaps: wide rows, the first score, the head axis, uniform rows, half precision, max(dim) -----
+
+def shift_by_min(x):
+    e = torch.exp(x - x.amin(dim=-1, keepdim=True))  # fine while a row spans less than ~88
+    return e / e.sum(dim=-1, keepdim=True)
+
+
+def shift_by_first(q, keys, values):
+    scores = [sum(qi * ki for qi, ki in zip(q, key)) / math.sqrt(len(q)) for key in keys]
+    weights = [math.exp(s - scores[0]) for s in scores]  # the first score, not the largest
+    return [sum(w * value[d] for w, value in zip(weights, values)) / sum(weights) for d in range(len(values[0]))]
+
+
+def large_negative_fill(x):
+    return torch.softmax(x.clamp(min=-1e9), dim=-1)  # an all -inf row becomes uniform
+
+
+def max_as_tensor(x):
+    e = torch.exp(x - x.max(dim=-1, keepdim=True))  # a (values, indices) pair, not a tensor
+    return e / e.sum(dim=-1, keepdim=True)
+
+
+@pytest.mark.parametrize("check, buggy, phrases", [
+    (check_stable_softmax, shift_by_min, ["contains NaN", "smallest score subtracted instead of its largest"]),
+    (check_stable_softmax, large_negative_fill, ["uniform row", "return zeros"]),
+    (check_stable_softmax, lambda x: good_softmax(x).half(), ["torch.float16", "half precision"]),
+    (check_stable_softmax, max_as_tensor, ["raised TypeError", "return a pair (values, indices)", ".values"]),
+    (check_one_query_attention, shift_by_first, ["raised OverflowError", "not the first one"]),
+    (check_attention_einsum, lambda q, k, v: einsum_attention(q, k, v, scale=1 / math.sqrt(q.shape[2])),
+     ["divided by sqrt(H), the number of heads"]),
+    (check_attention_einsum, lambda q, k, v: torch.einsum(
+        "bhts,bshd->bthd", torch.softmax(torch.einsum("bthd,bshd->bhts", q, k) / math.sqrt(q.shape[-1]), 1), v),
+     ["softmax over the head axis"]),
+])
+def test_issue_20_mistakes_are_named(check, buggy, phrases):
+    assert_names(check(buggy), *phrases)
+
+
+def test_a_row_spanning_120_is_checked_and_a_correct_answer_still_passes():
+    assert check_stable_softmax(good_softmax).passed
+    x = torch.tensor([[-60.0, 0.0, 60.0]])
+    assert torch.isnan(shift_by_min(x)).any() and not torch.isnan(good_softmax(x)).any()

@@ -112,3 +112,9 @@ def test_xavier_stub_crash_and_wrong_type():
     assert_names(check_xavier_std(crashes), "raised ZeroDivisionError", "`return gain * math.sqrt(")
     assert_names(check_xavier_std(lambda fi, fo, g: [fi, fo]), "should be a number, got list")
     assert_names(check_xavier_std(lambda fi, fo: 1.0), "raised TypeError")
+
+
+def test_xavier_refuses_a_string_or_a_bool_that_float_would_accept():
+    as_text = lambda fi, fo, g: f"{g * math.sqrt(2 / (fi + fo))}"  # noqa: E731 - float() would take it
+    assert_names(check_xavier_std(as_text), "should be a number, got str '0.079")
+    assert_names(check_xavier_std(lambda fi, fo, g: True), "should be a number, got bool True")

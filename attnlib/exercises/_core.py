@@ -20,7 +20,8 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["CheckResult", "CandidateError", "checker", "run", "as_tensor", "expect_close", "matching"]
+__all__ = ["CheckResult", "CandidateError", "checker", "run", "as_tensor", "full_precision", "expect_close",
+           "matching"]
 
 _LIBRARY_DIRS = tuple(os.path.dirname(os.path.abspath(m.__file__)) + os.sep
                       for m in (torch, sys.modules["attnlib"]) if getattr(m, "__file__", None))
@@ -97,6 +98,14 @@ def _unchanged(before: object, after: object) -> bool:
         return True
 
 
+def _hint(exc: BaseException) -> str:
+    """What a puzzling exception usually means in attention code ('' when nothing is known)."""
+    if any(f"return_types.{op}" in str(exc) for op in ("max", "min")):
+        return (". x.max(dim) and x.min(dim) return a pair (values, indices), not a tensor: use "
+                "x.amax(dim=-1, keepdim=True) or x.max(dim=-1, keepdim=True).values")
+    return ""
+
+
 def run(candidate: Callable, *args, what: str = "your function", **kwargs):
     """Call the reader's code; turn its exceptions into CandidateError (NotImplementedError: not attempted).
 
@@ -113,7 +122,7 @@ def run(candidate: Callable, *args, what: str = "your function", **kwargs):
     except NotImplementedError as exc:
         raise _NotAttempted from exc
     except (Exception, SystemExit) as exc:  # the reader's bug (even sys.exit()), with its type and line
-        raise CandidateError(f"{what} raised {type(exc).__name__}: {exc}{_reader_line(exc)}") from None
+        raise CandidateError(f"{what} raised {type(exc).__name__}: {exc}{_reader_line(exc)}{_hint(exc)}") from None
     changed = [name for name, v, c in zip(_arg_names(candidate, args, kwargs), values, copies)
                if c is not None and not _unchanged(c, v)]
     if changed:
@@ -135,6 +144,14 @@ def as_tensor(value: object, what: str, shape: tuple[int, ...] | None = None) ->
     return value
 
 
+def full_precision(got: torch.Tensor, what: str) -> torch.Tensor:
+    """Refuse a float16/bfloat16 result (a CandidateError that says why); return got otherwise."""
+    if got.dtype in (torch.float16, torch.bfloat16):
+        raise CandidateError(f"{what} returned {got.dtype}: half precision keeps only 2 to 3 significant "
+                             f"digits, so the result is rounded off; compute and return float32 or float64")
+    return got
+
+
 def _close(a: torch.Tensor, b: torch.Tensor, atol: float) -> bool:
     if a.shape != b.shape:
         return False
@@ -150,7 +167,10 @@ def matching(got: torch.Tensor, mistakes: Mapping[str, torch.Tensor], atol: floa
 
 def expect_close(got: torch.Tensor, expected: torch.Tensor, what: str, *,
                  mistakes: Mapping[str, torch.Tensor] | None = None, atol: float = 1e-5) -> None:
-    """Raise CandidateError unless got ≈ expected; name the mistakes that reproduce `got`."""
+    """Raise CandidateError unless got ≈ expected; name the mistakes that reproduce `got`.
+    A half-precision `got` is named as such when `expected` is in full precision."""
+    if expected.dtype not in (torch.float16, torch.bfloat16):
+        full_precision(got, what)
     if torch.isnan(got).any() and not torch.isnan(expected).any():
         found = matching(got, mistakes or {}, atol)
         raise CandidateError(f"{what} contains NaN" + (f": {' and '.join(found)}" if found else ""))

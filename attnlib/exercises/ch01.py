@@ -28,6 +28,7 @@ def score_mistakes(q: torch.Tensor, k: torch.Tensor) -> dict[str, torch.Tensor]:
     Dh, S = q.shape[-1], k.shape[-2]
     H = q.shape[-3] if q.dim() >= 3 else 1
     raw = q @ k.transpose(-2, -1)  # (..., T, Dh) @ (..., Dh, S) -> (..., T, S)
+    heads = {"the wrong scale: divided by sqrt(H), the number of heads, instead of sqrt(Dh)": raw / math.sqrt(H)}
     return {
         "no scale: Q Kᵀ is never divided by sqrt(Dh)": raw,
         "the wrong scale: divided by Dh instead of sqrt(Dh)": raw / Dh,
@@ -35,6 +36,7 @@ def score_mistakes(q: torch.Tensor, k: torch.Tensor) -> dict[str, torch.Tensor]:
         "the wrong scale: divided by sqrt(D) = sqrt(H · Dh), the model width, instead of sqrt(Dh), "
         "the head width": raw / math.sqrt(H * Dh),
         "the wrong scale: divided by sqrt(S), the number of keys, instead of sqrt(Dh)": raw / math.sqrt(S),
+        **(heads if H > 1 else {}),
     }
 
 
@@ -88,17 +90,23 @@ def check_stable_softmax(fn: Callable[[torch.Tensor], torch.Tensor]) -> str:
         "no normalization: exp(x) is never divided by its sum": torch.exp(x),
         "a normalization over the whole tensor instead of over each row": e / e.sum(),
     })
-    big = torch.tensor([[1000.0, 1001.0, 1002.0], [-1000.0, -1001.0, -1002.0], [1.0, 2.0, 3.0]])
+    big = torch.tensor([[1000.0, 1001.0, 1002.0], [-1000.0, -1001.0, -1002.0], [1.0, 2.0, 3.0], [-60.0, 0.0, 60.0]])
     naive, shifted = torch.exp(big), torch.exp(big - big.max())
+    from_min = torch.exp(big - big.amin(dim=-1, keepdim=True))  # the last row spans 120 > 88: exp overflows
     _softmax_stage(fn, big, {
         _NAIVE: naive / naive.sum(-1, keepdim=True),
         "one max for the whole tensor (x.max()) instead of each row's max: rows far below it "
         "underflow to 0 / 0": shifted / shifted.sum(-1, keepdim=True),
+        "the row's smallest score subtracted instead of its largest: exp(x - min) overflows as soon as a "
+        "row spans more than about 88 (here [-60, 0, 60])": from_min / from_min.sum(-1, keepdim=True),
     })
     masked = torch.tensor([[0.0, 1.0, -_INF, 2.0], [-_INF, -_INF, -_INF, -_INF], [3.0, -_INF, -_INF, 0.0]])
     _softmax_stage(fn, masked, {
         "an all -inf row (a query allowed to see nothing) gives NaN: its max is -inf and "
         "-inf - (-inf) is NaN; return zeros for such a row, as attnlib.softmax does": torch.softmax(masked, -1),
+        "an all -inf row gives a uniform row (each weight 1/S): -inf was replaced by a large negative "
+        "number, so a query allowed to see nothing averages every value; return zeros for such a row":
+            torch.softmax(masked.clamp(min=-1e9), -1),
     })
     return "normalized over the last axis, stable on [1000, 1001, 1002], and an all -inf row gives zeros"
 
@@ -108,6 +116,7 @@ def _attention_mistakes(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> di
     wrong = {name: softmax(s, dim=-1) @ v for name, s in score_mistakes(q, k).items()}
     scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])  # (B, H, T, S)
     wrong["a softmax over the query axis (dim=-2) instead of the key axis (dim=-1)"] = softmax(scores, -2) @ v
+    wrong["a softmax over the head axis instead of the key axis"] = softmax(scores, -3) @ v
     return wrong
 
 
@@ -156,7 +165,7 @@ def _one_query_stage(fn: Callable, q: list, keys: list, values: list, *, overflo
     except CandidateError as exc:
         if "OverflowError" not in str(exc):
             raise
-        raise CandidateError(f"{exc}. {_NAIVE}") from None
+        raise CandidateError(f"{exc}. {_NAIVE} (the largest score, not the first one or the smallest)") from None
     qt, kt, vt = (torch.tensor(a, dtype=torch.float64) for a in (q, keys, values))  # (Dh,), (S, Dh), (S, Dv)
     out, weights = attention(qt[None], kt, vt)  # (1, Dv), (1, S)
     scores = qt @ kt.T / math.sqrt(len(q))  # (S,)
@@ -177,6 +186,6 @@ def check_one_query_attention(fn: Callable[[list, list, list], list]) -> str:
     """fn(q, keys, values) on Python lists: q (Dh,), keys (S, Dh), values (S, Dv) → the output (Dv,)."""
     q, keys, values = (torch.randn(*shape).round(decimals=2).tolist() for shape in ((3,), (4, 3), (4, 2)))
     _one_query_stage(fn, q, keys, values)
-    big_keys = [[10.0] * 3, [9.0] * 3, [-10.0] * 3]  # scores 1732, 1559, -1732
-    _one_query_stage(fn, [100.0] * 3, big_keys, [[1.0, 0.0], [0.0, 1.0], [5.0, 5.0]], overflow=True)
+    big_keys = [[-10.0] * 3, [10.0] * 3, [9.0] * 3]  # scores -1732, 1732, 1559: the largest is not first
+    _one_query_stage(fn, [100.0] * 3, big_keys, [[5.0, 5.0], [1.0, 0.0], [0.0, 1.0]], overflow=True)
     return "equals attnlib.attention for one query, and does not overflow on scores above 1000"

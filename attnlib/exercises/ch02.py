@@ -66,6 +66,8 @@ def check_attention_entropy(fn: Callable[[torch.Tensor], torch.Tensor]) -> str:
 
 def _as_number(value: object, what: str) -> float:
     """The reader's number (a float, an int, or a one-element tensor) as a float."""
+    if isinstance(value, (str, bytes, bool)):  # float() would accept "0.05" and True
+        raise CandidateError(f"{what} should be a number, got {type(value).__name__} {value!r}")
     try:
         return float(value)
     except (TypeError, ValueError, RuntimeError):

@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterable, Mapping
 
 import torch
 
-from attnlib.exercises._core import CandidateError, as_tensor, checker, expect_close, run
+from attnlib.exercises._core import CandidateError, as_tensor, checker, expect_close, full_precision, run
 from attnlib.exercises.ch01 import reject_shape_mistakes
 from attnlib.mha import MultiHeadAttention, merge_heads, split_heads
 
@@ -32,10 +32,7 @@ def result_tensor(value: object, what: str, shape: tuple[int, ...], letters: str
     if tuple(got.shape) != tuple(shape):
         raise CandidateError(f"{what} has shape {tuple(got.shape)}, expected {letters + ' = ' if letters else ''}"
                              f"{tuple(shape)}")
-    if got.dtype in (torch.float16, torch.bfloat16):
-        raise CandidateError(f"{what} returned {got.dtype}: half precision keeps only 2 to 3 significant "
-                             f"digits, so the result is rounded off; compute and return float32 or float64")
-    return got
+    return full_precision(got, what)
 
 
 def _run_tensor(fn: Callable, *args, what: str, hints: Mapping[str, str] | None = None) -> object:
