@@ -4,6 +4,8 @@ PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip
 TORCH  ?= torch==2.13.0
 BOOK   := $(VENV)/bin/jupyter-book build --all -W -n --keep-going .
+# The Chinese edition, from locale/zh_CN's catalogues and the outputs the English build checked (_ext/zh_edition.py)
+ZH     := $(PY) _ext/zh_edition.py
 
 # Offline and reproducible, for the book build as for the tests.
 export HF_HUB_OFFLINE := 1
@@ -12,7 +14,7 @@ export TRANSFORMERS_VERBOSITY := error
 export PYTHONHASHSEED := 0
 unexport MPLBACKEND
 
-.PHONY: book test test-portable lab bench clean
+.PHONY: book test test-portable lab bench locale clean
 
 $(PY):
 	python3 -m venv $(VENV)
@@ -29,10 +31,17 @@ $(VENV)/.test: $(VENV)/.book
 
 book: $(VENV)/.book
 	$(BOOK)
+	$(ZH) html
 	@echo "Built: file://$(CURDIR)/_build/html/index.html"
+	@echo "       file://$(CURDIR)/_build/html/zh/index.html (the Chinese edition)"
+
+# Refresh locale/zh_CN's catalogues from the English text, keeping every translation (changed ones turn fuzzy)
+locale: $(VENV)/.book
+	$(ZH) catalogues
 
 test: $(VENV)/.test
 	$(BOOK)
+	$(ZH) html
 	ATTNBOOK_REQUIRE_BUILD=1 $(PY) -m pytest tests chapters
 	@test -x /usr/bin/chromium || echo "NOTE: the browser test was SKIPPED: /usr/bin/chromium not found (apt-get install -y --no-install-recommends chromium)"
 	@echo "All tests passed; book built at file://$(CURDIR)/_build/html/index.html"

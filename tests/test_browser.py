@@ -29,7 +29,7 @@ from pathlib import Path
 from urllib.parse import unquote, urljoin, urlsplit
 
 import pytest
-from built_book import HTML, ROOT, rel, require_build
+from built_book import HTML, ROOT, page_in_edition, rel, require_build
 from chromium import CHROMIUM, CHROMIUM_FLAGS, require_browser
 
 BENIGN_CONSOLE = [
@@ -45,10 +45,10 @@ require_build()
 
 
 def _pages() -> list[Path]:
-    """Every HTML page a reader can open, except index.html (a redirect, tested on its own)."""
+    """Every HTML page a reader can open in either edition, except index.html (a redirect, tested on its own)."""
     return sorted(p for p in HTML.rglob("*.html")
-                  if p.relative_to(HTML).parts[0] not in ("_static", "_sources", "_downloads", "_images")
-                  and p != HTML / "index.html")
+                  if not {"_static", "_sources", "_downloads", "_images"} & set(p.relative_to(HTML).parts)
+                  and page_in_edition(p) != "index.html")
 
 
 class _Links(HTMLParser):
@@ -78,7 +78,7 @@ def _target(page: Path, href: str) -> Path:
 
 # --- download links (no browser needed) ------------------------------------------------------
 
-@pytest.mark.parametrize("page", [p for p in _pages() if rel(p) not in GENERATED], ids=rel)
+@pytest.mark.parametrize("page", [p for p in _pages() if page_in_edition(p) not in GENERATED], ids=rel)
 def test_download_links_point_into_the_book(page):
     hrefs = _downloads(page)
     assert hrefs, f"{rel(page)} has no download button"
@@ -89,7 +89,7 @@ def test_download_links_point_into_the_book(page):
         assert target.is_file(), f"{rel(page)}: download {href} is missing ({target})"
 
 
-@pytest.mark.parametrize("page", [p for p in _pages() if rel(p).startswith("chapters/")], ids=rel)
+@pytest.mark.parametrize("page", [p for p in _pages() if page_in_edition(p).startswith("chapters/")], ids=rel)
 def test_chapter_downloads_its_executed_notebook(page):
     notebooks = [h for h in _downloads(page) if urlsplit(h).path.endswith(".ipynb")]
     assert notebooks, f"{rel(page)} offers no .ipynb download"
@@ -98,7 +98,7 @@ def test_chapter_downloads_its_executed_notebook(page):
     assert nb.get("nbformat") == 4 and nb.get("cells"), f"{target} is not a notebook"
     assert any(c.get("outputs") for c in nb["cells"] if c["cell_type"] == "code"), \
         f"{target} has no outputs: the reader would download an unexecuted notebook"
-    committed = ROOT / Path(rel(page)).with_suffix(".ipynb")
+    committed = ROOT / Path(page_in_edition(page)).with_suffix(".ipynb")
     if committed.exists():  # the build copies the source: the reader gets what the repository holds
         assert target.read_bytes() == committed.read_bytes(), f"{target} differs from {committed}"
 
@@ -263,15 +263,17 @@ def test_page_fits_a_phone(visit, page):
     assert overflow["scrollWidth"] <= overflow["width"], f"{rel(page)} scrolls sideways on a phone: {overflow}"
 
 
-def test_index_redirects_to_the_first_page(visit):
-    v = visit("index.html")
+@pytest.mark.parametrize("edition", ["", "zh/"], ids=["en", "zh"])
+def test_index_redirects_to_the_first_page(visit, edition):
+    v = visit(f"{edition}index.html")
     v.page.wait_for_load_state("networkidle")
-    assert v.page.url.endswith("/intro.html"), v.page.url
+    assert v.page.url.endswith(f"/{edition}intro.html"), v.page.url
     assert not v.external and not v.missing and not v.console_errors()
 
 
-def test_search_works_offline(visit):
-    v = visit("search.html?q=attention")
+@pytest.mark.parametrize("search", ["search.html?q=attention", "zh/search.html?q=softmax"], ids=["en", "zh"])
+def test_search_works_offline(visit, search):
+    v = visit(search)
     v.page.wait_for_selector("#search-results ul.search li", timeout=TIMEOUT_MS)
     hits = v.page.locator("#search-results ul.search li").count()
     assert hits > 0 and not v.external and not v.console_errors()
