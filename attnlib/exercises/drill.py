@@ -167,7 +167,8 @@ _MHA = _Drill("forward(self, x, mask=None)", _drill_cases, _SUMMARY)
 
 @checker("multi-head attention (the interview drill)")
 def check_multi_head_attention(cls: type) -> str:
-    """cls(d_model, num_heads) with W_q, W_k, W_v, W_o (or W_qkv, W_o); forward(x, mask=None) -> out [, weights]."""
+    """cls(d_model, num_heads): nn.Linear projections of any names (q, k, v, out; or a fused qkv and out);
+    forward(x, mask=None) or forward(q, k, v, mask=None) -> out, or a tuple holding out (B, T, D) once."""
     return _check(cls, _MHA)
 
 
