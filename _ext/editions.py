@@ -3,12 +3,17 @@
 The English book is built into _build/html and the Chinese edition (language = 'zh_CN', from the
 message catalogues in locale/) into _build/html/zh. Every page gets, above its content, a link to
 the same page in the other edition; the landing page also says, in a sentence, that the other
-edition exists. Links are relative, so the book works from file:// and holds no build path.
+edition exists. In the Chinese edition the captions of the table of contents are translated too. Links are relative, so the book works from file:// and holds no build path.
 """
 
 from __future__ import annotations
 
 import html
+from os import path
+
+from sphinx import addnodes
+from sphinx.locale import init as init_locale
+from sphinx.util.i18n import docname_to_domain
 
 ZH = "zh"  # the Chinese edition's folder inside the English book's output
 
@@ -46,6 +51,19 @@ def _add_link(app, pagename: str, templatename: str, context: dict, doctree) -> 
     context["body"] = banner + context["body"]
 
 
+def _translate_toc_captions(app, doctree) -> None:
+    """Translate the captions of a page's toctrees (_toc.yml's parts), which Sphinx's i18n leaves as they are."""
+    if _edition(app.config.language) == "en":
+        return
+    domain = docname_to_domain(app.env.docname, app.config.gettext_compact)
+    dirs = [path.join(app.srcdir, d) for d in app.config.locale_dirs]
+    catalog, _ = init_locale(dirs, app.config.language, domain)
+    for toctree in doctree.findall(addnodes.toctree):
+        if toctree.get("caption"):
+            toctree["caption"] = catalog.gettext(toctree["caption"])
+
+
 def setup(app):
+    app.connect("doctree-read", _translate_toc_captions)
     app.connect("html-page-context", _add_link)
     return {"parallel_read_safe": True, "parallel_write_safe": True}

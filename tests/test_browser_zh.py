@@ -14,7 +14,8 @@ from html.parser import HTMLParser
 from pathlib import Path
 
 import pytest
-from built_book import HTML, ZH, page_in_edition, rel, require_build
+from babel.messages.pofile import read_po
+from built_book import HTML, ROOT, ZH, page_in_edition, rel, require_build
 from test_browser import DESKTOP, PHONE, _pages, browser, server, visit  # noqa: F401 - fixtures
 
 require_build()
@@ -58,9 +59,13 @@ def test_each_landing_page_says_the_other_edition_exists(landing, sentence):
     assert sentence in (HTML / landing).read_text(encoding="utf-8")
 
 
-def test_the_theme_speaks_chinese_in_the_chinese_edition():
+def test_the_theme_and_the_contents_speak_chinese_in_the_chinese_edition():
     text = (HTML / ZH / "chapters" / "01_attention_from_scratch.html").read_text(encoding="utf-8")
-    assert '<html lang="zh-CN"' in text and "搜索" in text and "下载" in text
+    assert '<html lang="zh-CN"' in text and "搜索" in text and "下载" in text  # the theme's own labels
+    with (ROOT / "locale" / "zh_CN" / "LC_MESSAGES" / "intro.po").open("rb") as f:
+        captions = {m.id: m.string for m in read_po(f) if m.id in ("The course", "Reference")}
+    for english, chinese in captions.items():  # _toc.yml's part captions, in the sidebar of every page
+        assert f'caption-text">{chinese}<' in text and f'caption-text">{english}<' not in text, english
 
 
 # The platform fonts that drew the text of the first elements matching a selector (DevTools protocol).
