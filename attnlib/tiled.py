@@ -14,7 +14,7 @@ Shapes as in attnlib.attention: q (..., T, Dh), k (..., S, Dh), v (..., S, Dv) �
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import torch
 from torch.autograd import DeviceType
@@ -22,91 +22,63 @@ from torch.profiler import ProfilerActivity, profile
 
 from attnlib.attention import _check_qkv
 from attnlib.masks import check_mask
+from attnlib.tiles import _NEG_INF, _add_mask, _key_tiles, tile_kind
 
 __all__ = ["tiled_attention", "tile_kind", "peak_memory", "QUERY_BLOCK"]
 
 QUERY_BLOCK = 512  # queries per tile: each key tile loaded is then used by this many queries
 _LOG2E = math.log2(math.e)  # exp(x) = 2^(x·log2 e); exp2 stays fast on -inf scores, exp does not
-_NEG_INF = float("-inf")
 
 
-def tile_kind(i0: int, i1: int, j0: int, j1: int, offset: int) -> str:
-    """Classify the tile of queries [i0, i1) × keys [j0, j1) under a bottom-right causal mask.
-
-    Query i may see key j iff j <= i + offset, offset = S - T. Returns 'skip' (no query sees any
-    key: the tile is never computed), 'full' (every query sees every key: no mask needed) or
-    'partial' (the mask must be applied inside the tile).
-    """
-    if j0 > i1 - 1 + offset:  # even the last query sees none of the keys
-        return "skip"
-    if j1 - 1 <= i0 + offset:  # even the first query sees all of the keys
-        return "full"
-    return "partial"
-
-
-def _tile_mask(mask: torch.Tensor | None, offset: int | None,
-               i0: int, i1: int, j0: int, j1: int) -> tuple[bool, torch.Tensor | None]:
-    """(skip, allowed) for one tile: skip if nothing in it may be attended; `allowed` is the
-    tile's bool mask, broadcastable to (..., i1 - i0, j1 - j0), or None when all is allowed."""
-    kind = "full" if offset is None else tile_kind(i0, i1, j0, j1, offset)
-    if kind == "skip":
-        return True, None
-    allowed = None
-    if kind == "partial":
-        i = torch.arange(i0, i1, device=mask.device if mask is not None else None)
-        allowed = torch.arange(j0, j1, device=i.device) <= i[:, None] + offset  # (tq, tk)
-    if mask is not None:  # mask: (..., T or 1, S or 1), sliced only along its non-1 dims
-        tile = mask[..., slice(i0, i1) if mask.shape[-2] > 1 else slice(None),
-                    slice(j0, j1) if mask.shape[-1] > 1 else slice(None)]
-        if not bool(tile.all()):
-            allowed = tile if allowed is None else tile & allowed
-    if allowed is not None and not bool(allowed.any()):
-        return True, None
-    return False, allowed
-
-
-def _key_tiles(mask, offset, i0, i1, S, block_size) -> Iterator[tuple[int, int, torch.Tensor | None]]:
-    """The key tiles (j0, j1, allowed) that queries [i0, i1) must visit; wholly masked ones are skipped."""
-    for j0 in range(0, S, block_size):
-        j1 = min(j0 + block_size, S)
-        skip, allowed = _tile_mask(mask, offset, i0, i1, j0, j1)
-        if not skip:
-            yield j0, j1, allowed
-
-
-def _add_mask(s: torch.Tensor, allowed: torch.Tensor | None, batch: torch.Size) -> None:
-    """Add the tile's mask to scores s (N, n, tk) in place, as a 0/-inf bias broadcast over batch."""
-    if allowed is not None:  # adding 0/-inf is far cheaper than masked_fill_ on s
-        bias = torch.zeros(allowed.shape, dtype=s.dtype, device=s.device).masked_fill_(~allowed, _NEG_INF)
-        s.view(*batch, *s.shape[-2:]).add_(bias)
+def _exact_step(s: torch.Tensor, v_tile: torch.Tensor, acc: torch.Tensor, m: torch.Tensor, l: torch.Tensor) -> None:
+    """Fold one tile of scores s (N, tq, tk) into the state with an exact max update (s is overwritten):
+    m' = max(m, rowmax s), p = 2^(s - m'), l = l·2^(m - m') + Σ p, acc = acc·2^(m - m') + p v."""
+    m_new = torch.maximum(m, s.amax(dim=-1))  # (N, tq)
+    m_safe = m_new.masked_fill(m_new == _NEG_INF, 0.0)  # rows that have seen no key yet
+    alpha = torch.exp2(m - m_safe)  # (N, tq): rescales what was summed under the old max
+    s.sub_(m_safe.unsqueeze(-1)).exp2_()  # p = 2^(s - m'), in place
+    l.mul_(alpha).add_(s.sum(dim=-1))
+    acc.mul_(alpha.unsqueeze(-1)).baddbmm_(s, v_tile)  # (N, tq, tk) @ (N, tk, Dv)
+    m.copy_(m_new)
 
 
 def _online_softmax_rows(qs: torch.Tensor, k3: torch.Tensor, v3: torch.Tensor, tiles, batch: torch.Size,
                          out_rows: torch.Tensor, lse_rows: torch.Tensor, scores_buf: torch.Tensor,
-                         acc: torch.Tensor, m: torch.Tensor, l: torch.Tensor) -> None:
+                         acc: torch.Tensor, m: torch.Tensor, l: torch.Tensor, biases: dict) -> None:
     """Attend queries qs (N, tq, Dh), pre-scaled by scale·log2 e, to k3 (N, S, Dh), v3 (N, S, Dv)
     one key tile at a time; write the result into out_rows (N, tq, Dv) and each row's
     log2 Σ 2^s into lse_rows (N, tq) (+inf for a row with nothing to attend to), for the backward.
 
-    Per tile: s = qs kᵀ (+ 0/-inf bias), m' = max(m, rowmax s), p = 2^(s - m'),
-    l = l·2^(m - m') + Σ p, acc = acc·2^(m - m') + p v. Workspaces are reused, not reallocated.
+    Per tile: s = qs kᵀ (+ 0/-inf bias), then the exact step (m' = max(m, rowmax s), l and acc
+    rescaled by 2^(m - m')) until every row has a finite max; after that the lazy one: keep m as the
+    reference, p = 2^(s - m) (the subtraction folded into the product), l += Σ p, acc += p v. Any
+    reference gives the same acc / l, so the lazy step is exact too, unless a score lies more than
+    ~128 above m and 2^(s - m) overflows: then l is not finite and the block is redone exactly.
     """
     N, tq, _ = qs.shape
-    m.fill_(_NEG_INF)
-    l.zero_()
-    acc.zero_()
-    for j0, j1, allowed in tiles:
-        tk = j1 - j0
-        s = scores_buf[: N * tq * tk].view(N, tq, tk)  # a contiguous (N, tq, tk) tile
-        torch.bmm(qs, k3[:, j0:j1].transpose(1, 2), out=s)  # (N, tq, Dh) @ (N, Dh, tk)
-        _add_mask(s, allowed, batch)
-        m_new = torch.maximum(m, s.amax(dim=-1))  # (N, tq)
-        m_safe = m_new.masked_fill(m_new == _NEG_INF, 0.0)  # rows that have seen no key yet
-        alpha = torch.exp2(m - m_safe)  # (N, tq): rescales what was summed under the old max
-        s.sub_(m_safe.unsqueeze(-1)).exp2_()  # p = 2^(s - m'), in place
-        l.mul_(alpha).add_(s.sum(dim=-1))
-        acc.mul_(alpha.unsqueeze(-1)).baddbmm_(s, v3[:, j0:j1])  # (N, tq, tk) @ (N, tk, Dv)
-        m.copy_(m_new)
+    tiles = list(tiles)
+    for lazy_allowed in (True, False):
+        m.fill_(_NEG_INF)
+        l.zero_()
+        acc.zero_()
+        lazy = False
+        for j0, j1, allowed, key in tiles:
+            s = scores_buf[: N * tq * (j1 - j0)].view(N, tq, j1 - j0)  # a contiguous (N, tq, tk) tile
+            k_t = k3[:, j0:j1].transpose(1, 2)  # (N, Dh, tk)
+            if lazy:
+                r = max(0, -key[0]) if key else 0  # causal: rows above the diagonal see no key of the tile
+                s = scores_buf[: N * (tq - r) * (j1 - j0)].view(N, tq - r, j1 - j0)
+                torch.baddbmm(-m[:, r:].unsqueeze(-1), qs[:, r:], k_t, out=s)  # s - m = qs kᵀ - m, one call
+                _add_mask(s, allowed, key, batch, biases, r)
+                l[:, r:].add_(s.exp2_().sum(dim=-1))  # p = 2^(s - m), in place
+                acc[:, r:].baddbmm_(s, v3[:, j0:j1])  # (N, tq - r, tk) @ (N, tk, Dv)
+            else:
+                torch.bmm(qs, k_t, out=s)  # (N, tq, Dh) @ (N, Dh, tk)
+                _add_mask(s, allowed, key, batch, biases)
+                _exact_step(s, v3[:, j0:j1], acc, m, l)
+                lazy = lazy_allowed and bool(torch.isfinite(m).all())  # every row has a finite reference
+        if not lazy or bool(torch.isfinite(l).all()):
+            break  # else a score overflowed 2^(s - m): redo this block with the exact step only
     torch.div(acc, l.masked_fill(l == 0, 1.0).unsqueeze(-1), out=out_rows)  # empty rows: 0 / 1 = 0
     torch.add(m, torch.log2(l), out=lse_rows).masked_fill_(l == 0, float("inf"))
 
@@ -118,13 +90,13 @@ def _forward(q3, k3, v3, mask, offset, scale, tk, batch) -> tuple[torch.Tensor, 
     out, lse = torch.empty(N, T, Dv, **ws), torch.empty(N, T, **ws)
     # Workspaces allocated once per call; each tile uses a contiguous view of their front.
     scores_buf, acc_buf, qs_buf = (torch.empty(N * tq * d, **ws) for d in (tk, Dv, Dh))
-    ml_buf = torch.empty(2, N * tq, **ws)
+    ml_buf, biases = torch.empty(2, N * tq, **ws), {}  # biases: one per causal diagonal offset, for the call
     for i0 in range(0, T, tq):
         n = min(tq, T - i0)
         qs = torch.mul(q3[:, i0:i0 + n], scale * _LOG2E, out=qs_buf[: N * n * Dh].view(N, n, Dh))
         m, l = ml_buf[:, : N * n].view(2, N, n).unbind(0)  # running max and sum, (N, n) each
         _online_softmax_rows(qs, k3, v3, _key_tiles(mask, offset, i0, i0 + n, S, tk), batch, out[:, i0:i0 + n],
-                             lse[:, i0:i0 + n], scores_buf, acc_buf[: N * n * Dv].view(N, n, Dv), m, l)
+                             lse[:, i0:i0 + n], scores_buf, acc_buf[: N * n * Dv].view(N, n, Dv), m, l, biases)
     return out, lse
 
 
@@ -146,15 +118,15 @@ class _TiledAttention(torch.autograd.Function):
         q3, k3, v3, out, lse = ctx.saved_tensors
         mask, offset, scale, tk, batch = ctx.args
         dq, dk, dv = torch.zeros_like(q3), torch.zeros_like(k3), torch.zeros_like(v3)
-        D = (dout * out).sum(dim=-1)  # (N, T)
+        D, biases = (dout * out).sum(dim=-1), {}  # D (N, T)
         T, tq = q3.shape[1], max(1, min(QUERY_BLOCK, q3.shape[1]))
         for i0 in range(0, T, tq):
             i = slice(i0, min(i0 + tq, T))
             qs = q3[:, i] * (scale * _LOG2E)
-            for j0, j1, allowed in _key_tiles(mask, offset, i0, i.stop, k3.shape[1], tk):
+            for j0, j1, allowed, key in _key_tiles(mask, offset, i0, i.stop, k3.shape[1], tk):
                 j = slice(j0, j1)
                 s = qs @ k3[:, j].transpose(1, 2)  # (N, n, tk), in log2 units
-                _add_mask(s, allowed, batch)
+                _add_mask(s, allowed, key, batch, biases)
                 p = torch.exp2(s - lse[:, i, None])  # (N, n, tk): the softmax weights of this tile
                 dv[:, j] += p.transpose(1, 2) @ dout[:, i]
                 ds = p * (dout[:, i] @ v3[:, j].transpose(1, 2) - D[:, i, None])  # (N, n, tk)

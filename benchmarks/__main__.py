@@ -14,6 +14,7 @@ import importlib
 import json
 import math
 import pkgutil
+import platform
 import subprocess
 import sys
 import time
@@ -30,6 +31,15 @@ def modules() -> list[str]:
     """The names of the bench_* modules next to this file, sorted."""
     here = str(Path(__file__).parent)
     return sorted(m.name for m in pkgutil.iter_modules([here]) if m.name.startswith("bench_"))
+
+
+def cpu_model() -> str:
+    """The CPU's model name from /proc/cpuinfo (Linux), else what platform.processor() says."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            return next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
+    except (OSError, StopIteration):
+        return platform.processor() or "unknown"
 
 
 def run_module(name: str) -> list[Row]:
@@ -58,6 +68,8 @@ def main() -> None:
         torch.set_num_threads(THREADS)
         print(json.dumps([dataclasses.asdict(row) for row in run_module(sys.argv[2])]))
         return
+    print(f"CPU: {cpu_model()}; torch {torch.__version__}, CPU capability "
+          f"{torch.backends.cpu.get_cpu_capability()}, {THREADS} threads")
     rows: list[Row] = []
     for name in modules():
         start = time.perf_counter()

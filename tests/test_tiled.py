@@ -169,3 +169,15 @@ def test_bad_input_gives_a_clear_error(args, kwargs, error, message):
     with pytest.raises(error) as info:
         attnlib.tiled_attention(*args, **kwargs)
     assert message in str(info.value)
+
+
+def test_a_late_tile_far_above_the_first_ones_is_redone_exactly():
+    """The lazy step keeps the first tiles' max as its reference; keys whose scores lie ~1000 higher
+    overflow 2^(s - m), and the block must be recomputed with exact max updates, not return inf/NaN."""
+    g = torch.Generator().manual_seed(3)
+    q = torch.randn(1, 2, 40, 16, generator=g, dtype=torch.float64)
+    k, v = (torch.randn(1, 2, 260, 16, generator=g, dtype=torch.float64) for _ in range(2))
+    k[..., 200:, :] = 3000 * q.mean(dim=-2, keepdim=True)  # last tiles: scores near 1000, 2^(s - m) overflows
+    out = attnlib.tiled_attention(q, k, v, block_size=64)
+    ref = F.scaled_dot_product_attention(q, k, v)
+    assert torch.isfinite(out).all() and (out - ref).abs().max() < 1e-10
