@@ -64,7 +64,34 @@ def _idle(page, state: str, timeout_ms: int) -> None:
                            timeout=timeout_ms, polling=200)
 
 
-def test_a_chapter_runs_top_to_bottom_in_make_lab(lab, tmp_path):
+def _save(page, copy: Path) -> dict:
+    """Ctrl+S, then the file as saved (read again while the server is still writing it)."""
+    page.keyboard.press("Control+s")
+    page.wait_for_function("() => !document.querySelector('.jp-mod-dirty')", timeout=30_000)
+    for _ in range(40):
+        try:
+            return json.loads(copy.read_text(encoding="utf-8"))
+        except json.JSONDecodeError:
+            time.sleep(0.25)
+    return json.loads(copy.read_text(encoding="utf-8"))
+
+
+def _saved_when_done(page, copy: Path, deadline: float) -> dict:
+    """Saves every few seconds until each code cell has run or one stored an error.
+
+    The status bar's "Idle" is no signal: the kernel goes idle between the queued cells of
+    *Run All*, so the saved notebook itself is polled."""
+    while True:
+        saved = _save(page, copy)
+        code = [c for c in saved["cells"] if c["cell_type"] == "code"]
+        failed = any(o["output_type"] == "error" for c in code for o in c["outputs"])
+        if failed or all(c["execution_count"] for c in code) or time.monotonic() > deadline:
+            _idle(page, "Idle", 60_000)
+            return _save(page, copy)
+        time.sleep(3)
+
+
+def test_a_chapter_runs_top_to_bottom_in_make_lab(lab):
     from playwright.sync_api import sync_playwright
 
     base, token = lab
@@ -84,12 +111,8 @@ def test_a_chapter_runs_top_to_bottom_in_make_lab(lab, tmp_path):
             _idle(page, "Idle", 120_000)
             page.click("div.lm-MenuBar-itemLabel:text('Run')")
             page.click("li.lm-Menu-item:has-text('Run All Cells')")
-            _idle(page, "Busy", 60_000)
-            _idle(page, "Idle", 600_000)
-            page.keyboard.press("Control+s")
-            page.wait_for_function("() => !document.querySelector('.jp-mod-dirty')", timeout=30_000)
+            saved = _saved_when_done(page, copy, deadline=time.monotonic() + 600)
             browser.close()
-        saved = json.loads(copy.read_text(encoding="utf-8"))
     finally:
         copy.unlink(missing_ok=True)
     code = [c for c in saved["cells"] if c["cell_type"] == "code"]
