@@ -19,7 +19,19 @@ from attnlib.kv_cache import KVCache, check_token_ids
 from attnlib.mha import MultiHeadAttention
 from attnlib.positional import RotaryEmbedding
 
-__all__ = ["RMSNorm", "SwiGLU", "LlamaBlock", "LlamaDecoder"]
+__all__ = ["rms_norm", "RMSNorm", "SwiGLU", "LlamaBlock", "LlamaDecoder"]
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """x / sqrt(mean(x²) + eps) · weight over the last dim D, bit-identical to transformers' LlamaRMSNorm.
+
+    F.rms_norm does it in one call. fp16/bf16 are normalized in fp32 and rounded back before the
+    weight multiplies them, as transformers does.
+    """
+    if x.dtype == weight.dtype and x.dtype not in (torch.float16, torch.bfloat16):
+        return F.rms_norm(x, (x.shape[-1],), weight, eps=eps)
+    work = x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
+    return weight * F.rms_norm(work, (work.shape[-1],), eps=eps).to(x.dtype)
 
 
 class RMSNorm(nn.Module):
@@ -32,28 +44,26 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(d_model))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """x (..., D) -> (..., D).
-
-        F.rms_norm computes work · rsqrt(mean(work²) + eps) in one call (tested bit-identical to that
-        formula and to transformers' LlamaRMSNorm); a decode step runs 2L + 1 of these on one token.
-        """
-        work = x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
-        normed = F.rms_norm(work, (work.shape[-1],), eps=self.eps)
-        return self.weight * normed.to(x.dtype)
+        """x (..., D) -> (..., D); a decode step runs 2L + 1 of these on one token."""
+        return rms_norm(x, self.weight, self.eps)
 
 
 class SwiGLU(nn.Module):
-    """The gated feed-forward of Llama: SwiGLU(x) = W_down (silu(W_gate x) ⊙ W_up x), D -> F -> D."""
+    """The gated feed-forward of Llama: SwiGLU(x) = W_down (silu(W_gate x) ⊙ W_up x), D -> F -> D.
+
+    `gate_up` holds W_gate and W_up stacked by rows, D -> 2F: one matmul instead of two (as the fused
+    qkv of MultiHeadAttention), which a one-token decode step feels most.
+    """
 
     def __init__(self, d_model: int, d_ff: int, bias: bool = False) -> None:
         super().__init__()
-        self.gate = nn.Linear(d_model, d_ff, bias=bias)
-        self.up = nn.Linear(d_model, d_ff, bias=bias)
+        self.gate_up = nn.Linear(d_model, 2 * d_ff, bias=bias)
         self.down = nn.Linear(d_ff, d_model, bias=bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x (..., D) -> (..., D) through the hidden width F."""
-        return self.down(F.silu(self.gate(x)) * self.up(x))
+        gate, up = self.gate_up(x).chunk(2, dim=-1)  # (..., 2F) -> (..., F) each
+        return self.down(F.silu(gate) * up)
 
 
 class LlamaBlock(nn.Module):
@@ -188,12 +198,13 @@ class LlamaDecoder(nn.Module):
 
 
 _HF_NAMES = {"attn_norm": "input_layernorm", "mlp_norm": "post_attention_layernorm",
-             "attn.out": "self_attn.o_proj", "mlp.gate": "mlp.gate_proj", "mlp.up": "mlp.up_proj",
-             "mlp.down": "mlp.down_proj"}
+             "attn.out": "self_attn.o_proj", "mlp.down": "mlp.down_proj"}
+_HF_STACKED = {"attn.qkv": ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
+               "mlp.gate_up": ("mlp.gate_proj", "mlp.up_proj")}
 
 
 def _hf_tensor(theirs: dict[str, torch.Tensor], name: str) -> torch.Tensor:
-    """The transformers tensor for our parameter `name`; qkv is [q_proj; k_proj; v_proj] stacked by rows."""
+    """The transformers tensor for our parameter `name`; qkv and gate_up are theirs stacked by rows."""
     top = {"embed.weight": "model.embed_tokens.weight", "norm.weight": "model.norm.weight",
            "lm_head.weight": "lm_head.weight"}
     if name in top:
@@ -201,6 +212,6 @@ def _hf_tensor(theirs: dict[str, torch.Tensor], name: str) -> torch.Tensor:
     _, i, rest = name.split(".", 2)                                    # blocks.<i>.<module>.<kind>
     module, kind = rest.rsplit(".", 1)
     prefix = f"model.layers.{i}."
-    if module == "attn.qkv":
-        return torch.cat([theirs[f"{prefix}self_attn.{p}_proj.{kind}"] for p in "qkv"])
+    if module in _HF_STACKED:
+        return torch.cat([theirs[f"{prefix}{part}.{kind}"] for part in _HF_STACKED[module]])
     return theirs[f"{prefix}{_HF_NAMES[module]}.{kind}"]

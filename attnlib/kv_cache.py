@@ -97,10 +97,11 @@ class KVCache:
         start, new = self._len[layer_idx], k.shape[2]
         if start + new > self._k[layer_idx].shape[2]:
             self._grow(layer_idx, max(2 * (start + new), 16))
-        self._k[layer_idx][:, :, start:start + new] = k
-        self._v[layer_idx][:, :, start:start + new] = v
+        k_buf, v_buf = self._k[layer_idx], self._v[layer_idx]
+        k_buf.narrow(2, start, new).copy_(k)            # buffer[:, :, start:start + new] = k
+        v_buf.narrow(2, start, new).copy_(v)
         self._len[layer_idx] = end = start + new
-        return self._k[layer_idx][:, :, :end], self._v[layer_idx][:, :, :end]
+        return k_buf.narrow(2, 0, end), v_buf.narrow(2, 0, end)  # views of the filled part
 
     def _grow(self, layer_idx: int, capacity: int) -> None:
         """Move layer `layer_idx` into buffers of `capacity` positions."""
@@ -156,10 +157,15 @@ def generate(decoder: torch.nn.Module, input_ids: torch.Tensor, max_new_tokens: 
     if limit is not None and longest + max_new_tokens > limit:
         raise ValueError(f"{longest} prompt tokens + max_new_tokens={max_new_tokens} = "
                          f"{longest + max_new_tokens} positions are beyond max_position_embeddings={limit}")
-    cache, fed = (KVCache() if use_cache else None), 0
+    from attnlib.decode_step import DecodeStep  # here: it imports the decoder, which imports this module
+
+    cache, step = (KVCache() if use_cache else None), None
     for t in range(T, T + max_new_tokens):
-        logits = decoder(out[:, fed:t], cache, attention_mask=None if mask is None else mask[:, :t],
-                         last_only=True)                    # (B, 1, vocab)
+        if step is not None:  # after the prefill: one token, through every layer with the checks done
+            logits = step(out[:, t - 1:t])                  # (B, 1, vocab)
+        else:                 # the prefill, or (without a cache) the whole sequence at every step
+            logits = decoder(out[:, :t], cache, attention_mask=None if mask is None else mask[:, :t],
+                             last_only=True)
+            step = DecodeStep(decoder, cache, mask, T + max_new_tokens) if use_cache else None
         out[:, t] = logits[:, -1].argmax(dim=-1)
-        fed = t if use_cache else 0
     return out

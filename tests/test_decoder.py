@@ -88,8 +88,8 @@ def test_rmsnorm_and_swiglu_equal_transformers(pair):
     with torch.no_grad():
         theirs_norm.weight.normal_(1.0, 0.1)
         ours_norm.weight.copy_(theirs_norm.weight)
-        for mine, name in ((ours_mlp.gate, "gate_proj"), (ours_mlp.up, "up_proj"), (ours_mlp.down, "down_proj")):
-            mine.weight.copy_(getattr(theirs_mlp, name).weight)
+        ours_mlp.gate_up.weight.copy_(torch.cat([theirs_mlp.gate_proj.weight, theirs_mlp.up_proj.weight]))
+        ours_mlp.down.weight.copy_(theirs_mlp.down_proj.weight)
         x = torch.randn(3, 5, 256) * 3
         assert torch.equal(ours_norm(x), theirs_norm(x))
         x64, w64 = x.double(), ours_norm.weight.double()
