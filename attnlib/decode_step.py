@@ -1,0 +1,75 @@
+"""One cached decode step with the Python taken out: what `generate` runs after the prefill.
+
+After the prefill, a step moves one token per sequence through every block. Its arithmetic is small
+(B rows against each weight matrix), so on a CPU the Python around the ops (module calls, attribute
+lookups, the input checks that every layer repeats) costs about as much as the ops themselves
+(`benchmarks/bench_decode.py`). `DecodeStep` does once, when it is built, what LlamaDecoder.forward
+redoes at every call: it checks the cache against the model, collects each layer's weights, and
+sizes the cache and the rotary table for every step to come. A step then runs the operations of
+LlamaBlock and MultiHeadAttention, in the same order, on plain tensors: its logits are bit-identical
+to LlamaDecoder.forward's (tests/test_decode_step.py).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from attnlib.decoder import LlamaDecoder, rms_norm
+from attnlib.kv_cache import KVCache
+from attnlib.mha import merge_heads
+from attnlib.positional import rotate_half
+
+__all__ = ["DecodeStep"]
+
+
+class DecodeStep:
+    """step(token) -> logits: LlamaDecoder.forward(token, cache, last_only=True) for one new token.
+
+    Built after the prefill has filled `cache` with the prompt: real (B, total) bool (True = real
+    token) or None, and total = the prompt's length + the new tokens (the last step's slot + 1).
+    """
+
+    def __init__(self, decoder: LlamaDecoder, cache: KVCache, real: torch.Tensor | None, total: int) -> None:
+        B, past = cache.batch_size, cache.seq_len
+        decoder._past_length(cache, B)  # the checks forward runs: this model's cache, one length
+        attn = decoder.blocks[0].attn
+        self.H, self.H_kv, self.eps = attn.num_heads, attn.num_kv_heads, decoder.norm.eps
+        self.gqa = attn.num_heads > attn.num_kv_heads
+        self.embed, self.norm, self.lm_head = decoder.embed.weight, decoder.norm.weight, decoder.lm_head.weight
+        self.cache, self.slot, self.real = cache, past, real
+        for i in range(len(cache)):  # room for every step: no buffer grows, the steps write in place
+            if cache._k[i].shape[2] < total:
+                cache._grow(i, total)
+        self.layers = [(b.attn_norm.weight, b.attn.qkv.weight, b.attn.qkv.bias, b.attn.out.weight, b.attn.out.bias,
+                        b.mlp_norm.weight, b.mlp.gate_up.weight, b.mlp.gate_up.bias, b.mlp.down.weight,
+                        b.mlp.down.bias, cache._k[i], cache._v[i]) for i, b in enumerate(decoder.blocks)]
+        # position of each step's token: its slot, or (left padding) the number of real tokens before it
+        positions = torch.arange(total) if real is None else (real.long().cumsum(dim=-1) - 1).clamp(min=0)
+        cos, sin = decoder.rotary.cos_sin(positions.to(self.embed.device))  # (total, Dh) or (B, total, Dh)
+        self.cos, self.sin = cos.to(self.embed.dtype), sin.to(self.embed.dtype)
+        if real is not None:  # (B, total, Dh) -> (B, 1, total, Dh): the same angle for every head
+            self.cos, self.sin = self.cos[:, None], self.sin[:, None]
+
+    def __call__(self, token: torch.Tensor) -> torch.Tensor:
+        """token (B, 1) ids -> logits (B, 1, vocab); its keys and values go to the cache's next slot."""
+        t, H, H_kv, eps = self.slot, self.H, self.H_kv, self.eps
+        B = token.shape[0]
+        cos, sin = self.cos[..., t:t + 1, :], self.sin[..., t:t + 1, :]  # (1, Dh) or (B, 1, 1, Dh)
+        allowed = None if self.real is None else self.real[:, None, None, :t + 1]  # (B, 1, 1, t + 1)
+        x = F.embedding(token, self.embed)                                          # (B, 1, D)
+        for w_an, w_qkv, b_qkv, w_o, b_o, w_mn, w_gu, b_gu, w_d, b_d, k_buf, v_buf in self.layers:
+            qkv = F.linear(rms_norm(x, w_an, eps), w_qkv, b_qkv)
+            qkv = qkv.view(B, 1, H + 2 * H_kv, -1).transpose(1, 2)  # (B, 1, (H + 2 H_kv) Dh) -> (B, H + 2 H_kv, 1, Dh)
+            qk, v = qkv.split([H + H_kv, H_kv], dim=1)
+            qk = qk * cos + rotate_half(qk) * sin                    # RoPE on q and k at once
+            k_buf.narrow(2, t, 1).copy_(qk[:, H:])                   # the cache's slot t
+            v_buf.narrow(2, t, 1).copy_(v)
+            y = F.scaled_dot_product_attention(qk[:, :H], k_buf.narrow(2, 0, t + 1), v_buf.narrow(2, 0, t + 1),
+                                               attn_mask=allowed, enable_gqa=self.gqa)  # (B, H, 1, Dh)
+            x = x + F.linear(merge_heads(y), w_o, b_o)
+            gate, up = F.linear(rms_norm(x, w_mn, eps), w_gu, b_gu).chunk(2, dim=-1)
+            x = x + F.linear(F.silu(gate) * up, w_d, b_d)
+        self.slot = t + 1
+        self.cache._len[:] = [t + 1] * len(self.layers)  # the cache holds the new token in every layer
+        return F.linear(rms_norm(x, self.norm, eps), self.lm_head)  # (B, 1, vocab)
