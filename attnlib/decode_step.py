@@ -47,25 +47,26 @@ class DecodeStep:
         # position of each step's token: its slot, or (left padding) the number of real tokens before it
         positions = torch.arange(total) if real is None else (real.long().cumsum(dim=-1) - 1).clamp(min=0)
         cos, sin = decoder.rotary.cos_sin(positions.to(self.embed.device))  # (total, Dh) or (B, total, Dh)
-        self.cos, self.sin = cos.to(self.embed.dtype), sin.to(self.embed.dtype)
+        cos, sin = cos.to(self.embed.dtype), sin.to(self.embed.dtype)
         if real is not None:  # (B, total, Dh) -> (B, 1, total, Dh): the same angle for every head
-            self.cos, self.sin = self.cos[:, None], self.sin[:, None]
+            cos, sin = cos[:, None], sin[:, None]
+        self.rope = [(cos[..., t:t + 1, :], sin[..., t:t + 1, :]) for t in range(total)]  # (1, Dh) or (B, 1, 1, Dh)
 
     def __call__(self, token: torch.Tensor) -> torch.Tensor:
         """token (B, 1) ids -> logits (B, 1, vocab); its keys and values go to the cache's next slot."""
         t, H, H_kv, eps = self.slot, self.H, self.H_kv, self.eps
         B = token.shape[0]
-        cos, sin = self.cos[..., t:t + 1, :], self.sin[..., t:t + 1, :]  # (1, Dh) or (B, 1, 1, Dh)
+        cos, sin = self.rope[t]
         allowed = None if self.real is None else self.real[:, None, None, :t + 1]  # (B, 1, 1, t + 1)
         x = F.embedding(token, self.embed)                                          # (B, 1, D)
         for w_an, w_qkv, b_qkv, w_o, b_o, w_mn, w_gu, b_gu, w_d, b_d, k_buf, v_buf in self.layers:
             qkv = F.linear(rms_norm(x, w_an, eps), w_qkv, b_qkv)
             qkv = qkv.view(B, 1, H + 2 * H_kv, -1).transpose(1, 2)  # (B, 1, (H + 2 H_kv) Dh) -> (B, H + 2 H_kv, 1, Dh)
-            qk, v = qkv.split([H + H_kv, H_kv], dim=1)
+            qk, v = qkv.split_with_sizes([H + H_kv, H_kv], dim=1)
             qk = qk * cos + rotate_half(qk) * sin                    # RoPE on q and k at once
-            k_buf.narrow(2, t, 1).copy_(qk[:, H:])                   # the cache's slot t
+            k_buf.narrow(2, t, 1).copy_(qk.narrow(1, H, H_kv))       # the cache's slot t
             v_buf.narrow(2, t, 1).copy_(v)
-            y = F.scaled_dot_product_attention(qk[:, :H], k_buf.narrow(2, 0, t + 1), v_buf.narrow(2, 0, t + 1),
+            y = F.scaled_dot_product_attention(qk.narrow(1, 0, H), k_buf.narrow(2, 0, t + 1), v_buf.narrow(2, 0, t + 1),
                                                attn_mask=allowed, enable_gqa=self.gqa)  # (B, H, 1, Dh)
             x = x + F.linear(merge_heads(y), w_o, b_o)
             gate, up = F.linear(rms_norm(x, w_mn, eps), w_gu, b_gu).chunk(2, dim=-1)

@@ -22,15 +22,18 @@ from attnlib.positional import RotaryEmbedding
 __all__ = ["rms_norm", "RMSNorm", "SwiGLU", "LlamaBlock", "LlamaDecoder"]
 
 
+_HALF = (torch.float16, torch.bfloat16)
+
+
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """x / sqrt(mean(x²) + eps) · weight over the last dim D, bit-identical to transformers' LlamaRMSNorm.
 
     F.rms_norm does it in one call. fp16/bf16 are normalized in fp32 and rounded back before the
     weight multiplies them, as transformers does.
     """
-    if x.dtype == weight.dtype and x.dtype not in (torch.float16, torch.bfloat16):
+    if x.dtype is weight.dtype and x.dtype not in _HALF:
         return F.rms_norm(x, (x.shape[-1],), weight, eps=eps)
-    work = x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
+    work = x.float() if x.dtype in _HALF else x
     return weight * F.rms_norm(work, (work.shape[-1],), eps=eps).to(x.dtype)
 
 
