@@ -15,12 +15,12 @@ from torch import nn
 
 from attnlib import masks as _masks
 from attnlib._checks import fmt_shape, require_tensor
+from attnlib._hf_llama import hf_tensor
 from attnlib.kv_cache import KVCache, check_token_ids
 from attnlib.mha import MultiHeadAttention
 from attnlib.positional import RotaryEmbedding
 
 __all__ = ["rms_norm", "RMSNorm", "SwiGLU", "LlamaBlock", "LlamaDecoder"]
-
 
 _HALF = (torch.float16, torch.bfloat16)
 
@@ -196,25 +196,6 @@ class LlamaDecoder(nn.Module):
         ours.to(device=theirs["lm_head.weight"].device, dtype=theirs["lm_head.weight"].dtype)
         with torch.no_grad():
             for name, param in ours.named_parameters():
-                param.copy_(_hf_tensor(theirs, name))
+                param.copy_(hf_tensor(theirs, name))
         return ours.eval()
 
-
-_HF_NAMES = {"attn_norm": "input_layernorm", "mlp_norm": "post_attention_layernorm",
-             "attn.out": "self_attn.o_proj", "mlp.down": "mlp.down_proj"}
-_HF_STACKED = {"attn.qkv": ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
-               "mlp.gate_up": ("mlp.gate_proj", "mlp.up_proj")}
-
-
-def _hf_tensor(theirs: dict[str, torch.Tensor], name: str) -> torch.Tensor:
-    """The transformers tensor for our parameter `name`; qkv and gate_up are theirs stacked by rows."""
-    top = {"embed.weight": "model.embed_tokens.weight", "norm.weight": "model.norm.weight",
-           "lm_head.weight": "lm_head.weight"}
-    if name in top:
-        return theirs[top[name]]
-    _, i, rest = name.split(".", 2)                                    # blocks.<i>.<module>.<kind>
-    module, kind = rest.rsplit(".", 1)
-    prefix = f"model.layers.{i}."
-    if module in _HF_STACKED:
-        return torch.cat([theirs[f"{prefix}{part}.{kind}"] for part in _HF_STACKED[module]])
-    return theirs[f"{prefix}{_HF_NAMES[module]}.{kind}"]
