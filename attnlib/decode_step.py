@@ -17,8 +17,6 @@ import torch.nn.functional as F
 
 from attnlib.decoder import LlamaDecoder, rms_norm
 from attnlib.kv_cache import KVCache
-from attnlib.mha import merge_heads
-from attnlib.positional import rotate_half
 
 __all__ = ["DecodeStep"]
 
@@ -36,41 +34,55 @@ class DecodeStep:
         attn = decoder.blocks[0].attn
         self.H, self.H_kv, self.eps = attn.num_heads, attn.num_kv_heads, decoder.norm.eps
         self.gqa = attn.num_heads > attn.num_kv_heads
-        self.embed, self.norm, self.lm_head = decoder.embed.weight, decoder.norm.weight, decoder.lm_head.weight
+        self.embed, self.norm = decoder.embed.weight, decoder.norm.weight
         self.cache, self.slot, self.real = cache, past, real
         for i in range(len(cache)):  # room for every step: no buffer grows, the steps write in place
             if cache._k[i].shape[2] < total:
                 cache._grow(i, total)
-        self.layers = [(b.attn_norm.weight, b.attn.qkv.weight, b.attn.qkv.bias, b.attn.out.weight, b.attn.out.bias,
-                        b.mlp_norm.weight, b.mlp.gate_up.weight, b.mlp.gate_up.bias, b.mlp.down.weight,
-                        b.mlp.down.bias, cache._k[i], cache._v[i]) for i, b in enumerate(decoder.blocks)]
+        # weights as F.linear uses them: linear(x, W, b) on a (B, D) input is addmm(b, x, W.t())
+        self.layers = [(b.attn_norm.weight, b.attn.qkv.weight.t(), b.attn.qkv.bias, b.attn.out.weight.t(),
+                        b.attn.out.bias, b.mlp_norm.weight, b.mlp.gate_up.weight.t(), b.mlp.gate_up.bias,
+                        b.mlp.down.weight.t(), b.mlp.down.bias, cache._k[i], cache._v[i])
+                       for i, b in enumerate(decoder.blocks)]
+        self.lm_head = decoder.lm_head.weight.t()
         # position of each step's token: its slot, or (left padding) the number of real tokens before it
         positions = torch.arange(total) if real is None else (real.long().cumsum(dim=-1) - 1).clamp(min=0)
         cos, sin = decoder.rotary.cos_sin(positions.to(self.embed.device))  # (total, Dh) or (B, total, Dh)
         cos, sin = cos.to(self.embed.dtype), sin.to(self.embed.dtype)
+        # rotate_half(x)·sin = (-x2, x1)·(s1, s2) = roll(x, Dh/2)·(-s1, s2), bit for bit (negation is exact)
+        s1, s2 = sin.chunk(2, dim=-1)
+        sin = torch.cat((-s1, s2), dim=-1)
         if real is not None:  # (B, total, Dh) -> (B, 1, total, Dh): the same angle for every head
             cos, sin = cos[:, None], sin[:, None]
         self.rope = [(cos[..., t:t + 1, :], sin[..., t:t + 1, :]) for t in range(total)]  # (1, Dh) or (B, 1, 1, Dh)
 
     def __call__(self, token: torch.Tensor) -> torch.Tensor:
-        """token (B, 1) ids -> logits (B, 1, vocab); its keys and values go to the cache's next slot."""
+        """token (B, 1) ids -> logits (B, 1, vocab); its keys and values go to the cache's next slot.
+
+        One token per row, so the step works on (B, D) rows, and (B, H, 1, Dh) is the same memory as
+        forward's (B, 1, H, Dh) transposed: no reshape or transpose is needed around the products.
+        """
         t, H, H_kv, eps = self.slot, self.H, self.H_kv, self.eps
         B = token.shape[0]
         cos, sin = self.rope[t]
         allowed = None if self.real is None else self.real[:, None, None, :t + 1]  # (B, 1, 1, t + 1)
-        x = F.embedding(token, self.embed)                                          # (B, 1, D)
+        x = F.embedding(token.view(B), self.embed)                                  # (B, D)
         for w_an, w_qkv, b_qkv, w_o, b_o, w_mn, w_gu, b_gu, w_d, b_d, k_buf, v_buf in self.layers:
-            qkv = F.linear(rms_norm(x, w_an, eps), w_qkv, b_qkv)
-            qkv = qkv.view(B, 1, H + 2 * H_kv, -1).transpose(1, 2)  # (B, 1, (H + 2 H_kv) Dh) -> (B, H + 2 H_kv, 1, Dh)
+            qkv = _linear(rms_norm(x, w_an, eps), w_qkv, b_qkv).view(B, H + 2 * H_kv, 1, -1)  # (B, H + 2 H_kv, 1, Dh)
             qk, v = qkv.split_with_sizes([H + H_kv, H_kv], dim=1)
-            qk = qk * cos + rotate_half(qk) * sin                    # RoPE on q and k at once
+            qk = qk * cos + qk.roll(qk.shape[-1] // 2, dims=-1) * sin  # RoPE on q and k at once
             k_buf.narrow(2, t, 1).copy_(qk.narrow(1, H, H_kv))       # the cache's slot t
             v_buf.narrow(2, t, 1).copy_(v)
             y = F.scaled_dot_product_attention(qk.narrow(1, 0, H), k_buf.narrow(2, 0, t + 1), v_buf.narrow(2, 0, t + 1),
                                                attn_mask=allowed, enable_gqa=self.gqa)  # (B, H, 1, Dh)
-            x = x + F.linear(merge_heads(y), w_o, b_o)
-            gate, up = F.linear(rms_norm(x, w_mn, eps), w_gu, b_gu).chunk(2, dim=-1)
-            x = x + F.linear(F.silu(gate) * up, w_d, b_d)
+            x = x + _linear(y.reshape(B, -1), w_o, b_o)              # (B, H, 1, Dh) -> (B, H·Dh)
+            gate, up = _linear(rms_norm(x, w_mn, eps), w_gu, b_gu).chunk(2, dim=-1)
+            x = x + _linear(F.silu(gate) * up, w_d, b_d)
         self.slot = t + 1
         self.cache._len[:] = [t + 1] * len(self.layers)  # the cache holds the new token in every layer
-        return F.linear(rms_norm(x, self.norm, eps), self.lm_head)  # (B, 1, vocab)
+        return torch.mm(rms_norm(x, self.norm, eps), self.lm_head).view(B, 1, -1)  # (B, 1, vocab)
+
+
+def _linear(x: torch.Tensor, weight_t: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """x (B, in) -> (B, out): what F.linear(x, weight, bias) runs, given weight_t = weight.t()."""
+    return torch.mm(x, weight_t) if bias is None else torch.addmm(bias, x, weight_t)
