@@ -1,8 +1,9 @@
 """`make lab` as a reader uses it: JupyterLab on the .venv's kernel runs a chapter top to bottom.
 
 Starts `make lab` (no browser, a free port, a random token), opens a copy of chapter 1 with its
-outputs cleared in headless Chromium, runs *Run > Run All Cells*, saves, and reads the saved copy:
-every code cell ran, on the .venv's kernel, and none stored an error. Skips without a browser
+outputs cleared in headless Chromium, runs *Run > Run All Cells* and reads the notebook's model in
+the page once the kernel has finished: every code cell ran, on the .venv's kernel, and none stored an
+error. Skips without a browser
 (tests/chromium.py).
 """
 
@@ -37,7 +38,8 @@ def lab():
     """`make lab` serving chapters/ on 127.0.0.1: yields (base URL, token); stopped afterwards."""
     require_browser()
     port, token = _free_port(), secrets.token_hex(8)
-    args = f"--no-browser --ip=127.0.0.1 --port={port} --ServerApp.port_retries=0 --ServerApp.token={token}"
+    args = (f"--no-browser --ip=127.0.0.1 --port={port} --ServerApp.port_retries=0 --ServerApp.token={token}"
+            " --LabApp.expose_app_in_browser=True")
     server = subprocess.Popen(["make", "--no-print-directory", "lab", f"LAB_ARGS={args}"], cwd=ROOT,
                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
     base = f"http://127.0.0.1:{port}"
@@ -59,36 +61,53 @@ def lab():
         server.wait(timeout=30)
 
 
-def _idle(page, state: str, timeout_ms: int) -> None:
-    page.wait_for_function(f"() => document.body.innerText.includes('{KERNEL} | {state}')",
-                           timeout=timeout_ms, polling=200)
+# The notebook's own model, read through the app that `--LabApp.expose_app_in_browser` puts on
+# `window.jupyterapp`: no save, no status-bar text (the kernel goes idle between the queued cells of
+# *Run All*, and a save races the outputs still arriving).
+_STATE = """() => {
+  const panel = window.jupyterapp && window.jupyterapp.shell.currentWidget;
+  if (!panel || !panel.content || !panel.content.model || !panel.sessionContext) return null;
+  const model = panel.content.model, cells = [];
+  for (let c = 0; c < model.cells.length; c++) {
+    const cell = model.cells.get(c);
+    if (cell.type !== "code") continue;
+    const errors = [];
+    for (let i = 0; i < cell.outputs.length; i++) {
+      const out = cell.outputs.get(i).toJSON();
+      if (out.output_type === "error") errors.push(out.ename + ": " + out.evalue);
+    }
+    cells.push({count: cell.executionCount, errors});
+  }
+  const kernel = panel.sessionContext.session && panel.sessionContext.session.kernel;
+  return {kernel: panel.sessionContext.kernelDisplayName, status: kernel ? kernel.status : null, cells};
+}"""
 
 
-def _save(page, copy: Path) -> dict:
-    """Ctrl+S, then the file as saved (read again while the server is still writing it)."""
-    page.keyboard.press("Control+s")
-    page.wait_for_function("() => !document.querySelector('.jp-mod-dirty')", timeout=30_000)
-    for _ in range(40):
-        try:
-            return json.loads(copy.read_text(encoding="utf-8"))
-        except json.JSONDecodeError:
-            time.sleep(0.25)
-    return json.loads(copy.read_text(encoding="utf-8"))
+def _state(page) -> dict | None:
+    """{kernel: display name, status: the kernel's status, cells: [{count, errors}] per code cell}."""
+    return page.evaluate(_STATE)
 
 
-def _saved_when_done(page, copy: Path, deadline: float) -> dict:
-    """Saves every few seconds until each code cell has run or one stored an error.
+def _finished(state: dict | None) -> bool:
+    """Every code cell has its execution count, or one stored an error (Run All stops there)."""
+    if not state or state["status"] != "idle":
+        return False
+    cells = state["cells"]
+    return all(c["count"] for c in cells) or any(c["errors"] for c in cells)
 
-    The status bar's "Idle" is no signal: the kernel goes idle between the queued cells of
-    *Run All*, so the saved notebook itself is polled."""
-    while True:
-        saved = _save(page, copy)
-        code = [c for c in saved["cells"] if c["cell_type"] == "code"]
-        failed = any(o["output_type"] == "error" for c in code for o in c["outputs"])
-        if failed or all(c["execution_count"] for c in code) or time.monotonic() > deadline:
-            _idle(page, "Idle", 60_000)
-            return _save(page, copy)
-        time.sleep(3)
+
+def _run_all(page, deadline: float) -> dict:
+    """Run > Run All Cells, then the model once it has finished and stayed so for two polls 1 s apart."""
+    page.click("div.lm-MenuBar-itemLabel:text('Run')")
+    page.click("li.lm-Menu-item:has-text('Run All Cells')")
+    previous = None
+    while time.monotonic() < deadline:
+        time.sleep(1)
+        state = _state(page)
+        if _finished(state) and state == previous:
+            return state
+        previous = state
+    pytest.fail(f"Run All had not finished after 600 s: {_state(page)}")
 
 
 def test_a_chapter_runs_top_to_bottom_in_make_lab(lab):
@@ -108,16 +127,14 @@ def test_a_chapter_runs_top_to_bottom_in_make_lab(lab):
             # a fresh workspace: no tab of an earlier session is restored beside the copy
             page.goto(f"{base}/lab/workspaces/check-{copy.stem}/tree/{copy.name}?token={token}&reset")
             page.wait_for_selector(".jp-Notebook", timeout=120_000)
-            _idle(page, "Idle", 120_000)
-            page.click("div.lm-MenuBar-itemLabel:text('Run')")
-            page.click("li.lm-Menu-item:has-text('Run All Cells')")
-            saved = _saved_when_done(page, copy, deadline=time.monotonic() + 600)
+            page.wait_for_function(f"() => {{ const s = ({_STATE})(); return s && s.status === 'idle'; }}",
+                                   timeout=120_000, polling=500)
+            state = _run_all(page, deadline=time.monotonic() + 600)
             browser.close()
     finally:
         copy.unlink(missing_ok=True)
-    code = [c for c in saved["cells"] if c["cell_type"] == "code"]
-    assert saved["metadata"]["kernelspec"]["display_name"] == KERNEL
-    assert all(c["execution_count"] for c in code), \
-        f"{sum(not c['execution_count'] for c in code)} of {len(code)} code cells did not run"
-    errors = [f"{o['ename']}: {o['evalue']}" for c in code for o in c["outputs"] if o["output_type"] == "error"]
+    assert state["kernel"] == KERNEL
+    cells = state["cells"]
+    errors = [e for c in cells for e in c["errors"]]
     assert not errors, errors
+    assert all(c["count"] for c in cells), f"{sum(not c['count'] for c in cells)} of {len(cells)} code cells did not run"
