@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import inspect
+import signal
 import sys
 import time
 import traceback
@@ -144,6 +145,9 @@ def _practice(args: argparse.Namespace) -> int:
         path.write_text(STARTER.format(task=task))
         print(f"wrote a starter {path}")
     seen = _stamp(path)  # before the prompt: a save made after it is always seen
+    # Ctrl-C is how a session stops: make it raise KeyboardInterrupt even when the process was started
+    # with SIGINT ignored (a background job of a script, `nohup`), which would otherwise poll forever
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     print(TASK)
     print(f"Goal: {_clock(goal)}. Edit and save {path}: each save is checked. Ctrl-C to stop.", flush=True)
     start, checks, last = time.monotonic(), 0, "no save checked yet"

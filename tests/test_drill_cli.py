@@ -82,13 +82,31 @@ def test_check_a_missing_file_is_a_usage_problem(tmp_path):
     assert done.returncode == 2 and "no such file" in done.stderr
 
 
+@pytest.fixture
+def practice():
+    """practice(path, sigint_ignored=False) -> a Session; any still running is killed at teardown."""
+    started: list[Session] = []
+
+    def start(path: Path, sigint_ignored: bool = False) -> Session:
+        started.append(Session(path, sigint_ignored))
+        return started[-1]
+
+    yield start
+    for s in started:
+        if s.proc.poll() is None:
+            s.proc.kill()
+            s.proc.wait(timeout=30)
+
+
 class Session:
     """`practice` running in the background; its stdout lines arrive on a queue."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, sigint_ignored: bool = False) -> None:
         env = {**os.environ, "PYTHONPATH": str(ROOT)}
-        self.proc = subprocess.Popen([sys.executable, "-m", "attnlib.drill", "practice", str(path), "--poll", "0.05"],
-                                     stdout=subprocess.PIPE, text=True, env=env)
+        args = [sys.executable, "-m", "attnlib.drill", "practice", str(path), "--poll", "0.05"]
+        if sigint_ignored:  # started as a script's background job is: SIGINT ignored, kept across exec
+            args = ["/bin/sh", "-c", "trap '' INT; exec \"$@\"", "sh", *args]
+        self.proc = subprocess.Popen(args, stdout=subprocess.PIPE, text=True, env=env)
         self.lines: queue.Queue[str] = queue.Queue()
         threading.Thread(target=lambda: [self.lines.put(line) for line in self.proc.stdout], daemon=True).start()
 
@@ -110,9 +128,9 @@ def save(path: Path, text: str, step: int) -> None:
     os.utime(path, ns=(time.time_ns() + step * 10**9,) * 2)  # a new mtime even within the clock's resolution
 
 
-def test_practice_writes_a_starter_names_a_wrong_save_and_ends_on_a_correct_one(tmp_path):
+def test_practice_writes_a_starter_names_a_wrong_save_and_ends_on_a_correct_one(tmp_path, practice):
     path = tmp_path / "mha.py"
-    session = Session(path)
+    session = practice(path)
     assert "class MultiHeadAttention(nn.Module)" in "".join(session.until("Ctrl-C to stop"))
     assert "raise NotImplementedError" in path.read_text() and "# The interview drill" in path.read_text()
     save(path, answer("mask"), 1)
@@ -125,10 +143,11 @@ def test_practice_writes_a_starter_names_a_wrong_save_and_ends_on_a_correct_one(
     assert session.proc.wait(timeout=30) == 0
 
 
-def test_practice_ctrl_c_ends_with_exit_1_and_a_summary(tmp_path):
+@pytest.mark.parametrize("sigint_ignored", [False, True])
+def test_practice_ctrl_c_ends_with_exit_1_and_a_summary(tmp_path, practice, sigint_ignored):
     path = tmp_path / "mha.py"
     path.write_text(answer("mask"))
-    session = Session(path)
+    session = practice(path, sigint_ignored)
     session.until("Ctrl-C to stop")
     save(path, answer("mask"), 1)
     session.until("FAILED")
