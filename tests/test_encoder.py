@@ -78,6 +78,19 @@ def test_minilm_parameter_count_equals_transformers_without_the_pooler(minilm):
     assert not ours.training                             # load_minilm returns it ready for inference
 
 
+def test_load_minilm_prints_nothing_and_leaves_transformers_progress_bars_as_they_were(capfd):
+    from transformers.utils import logging as hf_logging
+
+    for enabled in (True, False):
+        (hf_logging.enable_progress_bar if enabled else hf_logging.disable_progress_bar)()
+        capfd.readouterr()
+        load_minilm()
+        out, err = capfd.readouterr()
+        assert out == "" and "Loading weights" not in err, (out, err)  # a chapter's output stays clean
+        assert hf_logging.is_progress_bar_enabled() is enabled
+    hf_logging.enable_progress_bar()
+
+
 def test_mean_pool_equals_sentence_transformers(minilm):
     ours, _, tokenizer = minilm
     batch = tokenizer(SENTENCES, padding=True, return_tensors="pt")
