@@ -131,8 +131,12 @@ def test_a_chapter_runs_top_to_bottom_in_make_lab(lab):
                                    timeout=120_000, polling=500)
             state = _run_all(page, deadline=time.monotonic() + 600)
             browser.close()
-    finally:
+    finally:  # the copy, and the checkpoint JupyterLab wrote of it on opening
         copy.unlink(missing_ok=True)
+        checkpoints = copy.parent / ".ipynb_checkpoints"
+        (checkpoints / f"{copy.stem}-checkpoint.ipynb").unlink(missing_ok=True)
+        if checkpoints.is_dir() and not any(checkpoints.iterdir()):
+            checkpoints.rmdir()
     assert state["kernel"] == KERNEL
     cells = state["cells"]
     errors = [e for c in cells for e in c["errors"]]
