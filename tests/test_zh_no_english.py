@@ -33,11 +33,23 @@ import pytest
 from babel.messages.pofile import read_po
 from built_book import HTML, ROOT, ZH
 
-# Capitalised words that are names: people (authors the prose cites), models, products, projects.
-NAMES = {
-    "Adam", "Ainslie", "Bahdanau", "Bengio", "Britz", "Falcon", "Glorot", "He", "Hugging", "Face",
-    "Jupyter", "Kaiming", "Llama", "Meta", "Mistral", "Press", "Python", "Shazeer", "Su", "Swish", "Toeplitz",
-    "Transformer", "Transformers", "Triton", "Vaswani", "Xavier", "Xiong", "Haviv", "Annotated",
+
+def _cited_authors() -> set[str]:
+    """The surnames of every author in references.bib: the people the prose may name (Ainslie 等人)."""
+    bib = (ROOT / "references.bib").read_text(encoding="utf-8")
+    names = set()
+    for authors in re.findall(r"author\s*=\s*\{(.*)\},?\s*$", bib, re.M):
+        for author in authors.split(" and "):
+            surname = author.split(",")[0] if "," in author else author.split()[-1]
+            names.update(re.findall(r"[A-Z][A-Za-z]+", re.sub(r"\{\\.\}|\\.", "", surname)))
+    return names
+
+
+# Capitalised words that are names: people (every author the book cites), models, products, projects.
+NAMES = _cited_authors() | {
+    "Adam", "Bahdanau", "Falcon", "Glorot", "Hugging", "Face", "Jupyter", "Kaiming", "Llama", "Meta",
+    "Mistral", "Python", "Swish", "Toeplitz", "Transformer", "Transformers", "Triton", "Xavier",
+    "Annotated",
     "True", "False", "None",  # Python's constants, written as in code
     "Dh", "Dv",  # the book's dimension letters for the head width (DESIGN: B, H, H_kv, T, S, D, Dh)
     "attention-book",  # the book's author line
