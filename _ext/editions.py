@@ -3,9 +3,9 @@
 The English book is built into _build/html and the Chinese edition (language = 'zh_CN', from the
 message catalogues in locale/) into _build/html/zh. Every page gets, above its content, a link to
 the same page in the other edition; the landing page also says, in a sentence, that the other
-edition exists. In the Chinese edition the captions of the table of contents are translated too, and so are the
-labels myst-nb writes on the buttons that show or hide a cell ("Show code cell source"). Links are
-relative, so the book works from file:// and holds no build path.
+edition exists. In the Chinese edition the captions of the table of contents are translated too,
+and so are the labels myst-nb writes on the buttons that show or hide a cell ("Show code cell
+source"). Links are relative, so the book works from file:// and holds no build path.
 """
 
 from __future__ import annotations
