@@ -85,7 +85,8 @@ def _hf_example() -> torch.Tensor:
 
 @checker("transformers mask to attnlib's")
 def check_hf_to_mask(fn: Callable[[torch.Tensor], torch.Tensor]) -> str:
-    """fn(attention_mask (B, S), 1 = real token) returns the bool mask (B, 1, 1, S), True = may attend."""
+    """fn(attention_mask (B, S), 1 = real token) returns the bool mask of shape (B, 1, 1, S) exactly,
+    True = may attend (the exercise asks for that shape: the function does not know T)."""
     hf = _hf_example()
     what = f"hf_to_mask(attention_mask) with attention_mask of shape {tuple(hf.shape)}"
     expected = masks.from_hf(hf)  # (B, 1, 1, S)
@@ -94,6 +95,8 @@ def check_hf_to_mask(fn: Callable[[torch.Tensor], torch.Tensor]) -> str:
         f"{_UNEXPANDED} (and inverted)": ~hf.bool(),
         _ON_QUERIES: hf.bool()[:, None, :, None],
         "a (B, 1, S) mask: it needs two axes in front of S, for heads and queries, (B, 1, 1, S)": hf.bool()[:, None],
+        "the mask expanded to (B, 1, S, S), which assumes T = S: the function cannot know T, so return "
+        "(B, 1, 1, S) exactly and let broadcasting give it T rows": expected.expand(-1, 1, hf.shape[1], -1),
     })
     return "(B, 1, 1, S) bool, True at real tokens, for right, left and no padding"
 
