@@ -85,8 +85,7 @@ def _hf_example() -> torch.Tensor:
 
 @checker("transformers mask to attnlib's")
 def check_hf_to_mask(fn: Callable[[torch.Tensor], torch.Tensor]) -> str:
-    """fn(attention_mask (B, S), 1 = real token) returns the bool mask of shape (B, 1, 1, S) exactly,
-    True = may attend (the exercise asks for that shape: the function does not know T)."""
+    """fn(attention_mask (B, S), 1 = real token) returns the bool mask (B, 1, 1, S), True = may attend."""
     hf = _hf_example()
     what = f"hf_to_mask(attention_mask) with attention_mask of shape {tuple(hf.shape)}"
     expected = masks.from_hf(hf)  # (B, 1, 1, S)
