@@ -74,6 +74,7 @@ def test_hf_accepts_correct_ones():
     (lambda m: m == 0, ["without its two broadcast axes", "(and inverted)"]),
     (lambda m: m.bool()[:, None, :, None], ["query axis"]),
     (lambda m: m.bool()[:, None], ["(B, 1, S)"]),
+    (lambda m: m.bool()[:, None, None, :].expand(-1, 1, m.shape[1], -1), ["(B, 1, S, S)", "assumes T = S"]),
     (lambda m: m[:, None, None, :], ["right pattern but dtype torch.int64"]),
     (lambda m: (1.0 - m[:, None, None, :].float()) * -1e9, ["additive float mask"]),
 ])

@@ -94,6 +94,8 @@ def check_hf_to_mask(fn: Callable[[torch.Tensor], torch.Tensor]) -> str:
         f"{_UNEXPANDED} (and inverted)": ~hf.bool(),
         _ON_QUERIES: hf.bool()[:, None, :, None],
         "a (B, 1, S) mask: it needs two axes in front of S, for heads and queries, (B, 1, 1, S)": hf.bool()[:, None],
+        "the mask expanded to (B, 1, S, S), which assumes T = S: the function cannot know T, so return "
+        "(B, 1, 1, S) exactly and let broadcasting give it T rows": expected.expand(-1, 1, hf.shape[1], -1),
     })
     return "(B, 1, 1, S) bool, True at real tokens, for right, left and no padding"
 
