@@ -3,8 +3,9 @@
 The task: a date written in words, day first, becomes its ISO form, year first,
     "twenty third of march nineteen ninety nine" -> "1999-03-23",
 so each output digit must find its word in the source: cross-attention has to learn an alignment
-that runs against the word order. The model: token embeddings (scaled by sqrt(D)) plus sinusoidal
-positions, the Transformer, and a linear projection to the output vocabulary.
+that runs against the word order. The model: token embeddings (initialised with std D^-1/2 and
+scaled by sqrt(D), as in tensor2tensor) plus sinusoidal positions, the Transformer, and a linear
+projection to the output vocabulary.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from attnlib.encoder import _check_ids
 from attnlib.transformer import Transformer
 
 __all__ = ["SRC_VOCAB", "TGT_VOCAB", "PAD", "BOS", "date_words", "date_split", "encode_dates", "shift_right",
-           "Seq2Seq", "train", "greedy_decode", "exact_match"]
+           "Seq2Seq", "lr_factor", "train", "greedy_decode", "exact_match"]
 
 _ONES = ["", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten", "eleven", "twelve",
          "thirteen", "fourteen", "fifteen", "sixteen", "seventeen", "eighteen", "nineteen"]
@@ -86,13 +87,20 @@ def shift_right(tgt: torch.Tensor, bos: int = TGT_VOCAB.index(BOS)) -> torch.Ten
 
 
 class Seq2Seq(nn.Module):
-    """Token ids in, logits out: embeddings · sqrt(D) + sinusoidal positions -> Transformer -> Linear(D, vocab)."""
+    """Token ids in, logits out: embeddings · sqrt(D) + sinusoidal positions -> Transformer -> Linear(D, vocab).
+
+    The embedding tables start with std D^-1/2 (tensor2tensor's initialisation, for which the paper's
+    factor sqrt(D) was made): a word vector then starts about sqrt(D) long, the length of a sinusoidal
+    row times sqrt(2), instead of D long with nn.Embedding's default std 1.
+    """
 
     def __init__(self, d_model: int = 64, num_heads: int = 4, num_layers: int = 2, dim_feedforward: int = 256,
                  dropout: float = 0.0, *, src_vocab: int = len(SRC_VOCAB), tgt_vocab: int = len(TGT_VOCAB),
                  max_len: int = 64) -> None:
         super().__init__()
         self.src_embed, self.tgt_embed = nn.Embedding(src_vocab, d_model), nn.Embedding(tgt_vocab, d_model)
+        for table in (self.src_embed, self.tgt_embed):
+            nn.init.normal_(table.weight, std=d_model ** -0.5)
         self.register_buffer("positions", sinusoidal(max_len, d_model), persistent=False)  # (max_len, D)
         self.transformer = Transformer(d_model, num_heads, num_layers, num_layers, dim_feedforward, dropout)
         self.project = nn.Linear(d_model, tgt_vocab)
@@ -117,17 +125,22 @@ class Seq2Seq(nn.Module):
         return self.project(self.transformer.decode(self.embed(self.tgt_embed, tgt_in), memory, memory_mask=mask))
 
 
+def lr_factor(step: int, steps: int, warmup: int) -> float:
+    """The learning rate of `step` (from 0) over the base rate: the smaller of a linear warm-up, (step + 1) / warmup,
+    and a cosine that starts at step 0 and reaches 0 at `steps`, (1 + cos(pi · step / steps)) / 2."""
+    return min((step + 1) / warmup, 0.5 + 0.5 * math.cos(math.pi * min(step / steps, 1.0)))
+
+
 def train(model: Seq2Seq, src: torch.Tensor, tgt: torch.Tensor, *, steps: int, batch_size: int = 64,
           lr: float = 3e-3, warmup: int = 100, seed: int = 0,
           callback: Callable[[int, float], None] | None = None) -> list[float]:
-    """Teacher-forced cross-entropy with Adam, linear warm-up then cosine decay; returns the loss per step.
+    """Teacher-forced cross-entropy with Adam at lr · lr_factor(step, steps, warmup); returns the loss per step.
 
     Batches are drawn with torch.Generator().manual_seed(seed); callback(step, loss) runs after each step.
     """
     generator = torch.Generator().manual_seed(seed)
     opt = torch.optim.Adam(model.parameters(), lr=lr, betas=(0.9, 0.98))
-    schedule = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min((s + 1) / warmup, 0.5 + 0.5 * math.cos(
-        math.pi * min(s / steps, 1.0))))
+    schedule = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_factor(s, steps, warmup))
     model.train()
     losses = []
     for step in range(steps):

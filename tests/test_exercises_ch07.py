@@ -59,7 +59,7 @@ def test_repeat_kv_stub_and_crash():
 # --- KV-cache bytes -----------------------------------------------------------------------------
 
 def kv_cache_bytes(config, seq_len, batch_size, bytes_per_element):
-    head_dim = config["hidden_size"] // config["num_attention_heads"]
+    head_dim = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
     per_token = 2 * config["num_hidden_layers"] * config["num_key_value_heads"] * head_dim
     return per_token * seq_len * batch_size * bytes_per_element
 
@@ -67,6 +67,19 @@ def kv_cache_bytes(config, seq_len, batch_size, bytes_per_element):
 def test_cache_bytes_accepts_correct_ones():
     assert check_kv_cache_bytes(kv_cache_bytes).passed
     assert check_kv_cache_bytes(lambda *a: torch.tensor(float(kv_cache_bytes(*a)))).passed  # a tensor is fine
+
+    def transformers_style(config, seq_len, batch_size, bytes_per_element):   # getattr-like default, one expression
+        head_dim = config.get("head_dim", config["hidden_size"] // config["num_attention_heads"])
+        return (2 * config["num_hidden_layers"] * batch_size * seq_len * config["num_key_value_heads"]
+                * head_dim * bytes_per_element)
+    assert check_kv_cache_bytes(transformers_style).passed
+
+
+def test_cache_bytes_names_a_head_dim_left_unread():
+    def from_hidden_size(c, T, B, n):                      # the width of a head always hidden_size / heads
+        return kv_cache_bytes({k: v for k, v in c.items() if k != "head_dim"}, T, B, n)
+    result = check_kv_cache_bytes(from_hidden_size)
+    assert_names(result, "'head_dim': 256", "head_dim ignored", "differs from hidden_size / num_attention_heads")
 
 
 @pytest.mark.parametrize("buggy, phrases", [
@@ -77,7 +90,7 @@ def test_cache_bytes_accepts_correct_ones():
     (lambda c, T, B, n: kv_cache_bytes(c, T, 1, n), ["the batch forgotten"]),
     (lambda c, T, B, n: kv_cache_bytes(c, T, B, n) * 8, ["bits instead of bytes"]),
     (lambda c, T, B, n: kv_cache_bytes(c, T, B, 1), ["bytes_per_element ignored"]),
-    (lambda c, T, B, n: kv_cache_bytes(c, T, B, n) * c["num_attention_heads"], ["hidden_size used as the width"]),
+    (lambda c, T, B, n: kv_cache_bytes({**c, "head_dim": c["hidden_size"]}, T, B, n), ["hidden_size used as the width"]),
 ])
 def test_cache_bytes_names_the_mistake(buggy, phrases):
     assert_names(check_kv_cache_bytes(buggy), *phrases)

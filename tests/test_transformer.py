@@ -9,7 +9,7 @@ from torch import nn
 
 from attnlib import Transformer, masks
 from attnlib.seq2seq import (SRC_VOCAB, TGT_VOCAB, Seq2Seq, date_split, date_words, encode_dates, exact_match,
-                             greedy_decode, shift_right, train)
+                             greedy_decode, lr_factor, shift_right, train)
 from attnlib.cross_attention import DecoderCache
 
 D, H, B, S, T = 16, 4, 3, 7, 5
@@ -272,6 +272,25 @@ def test_a_short_training_lowers_the_loss_and_exact_match_counts_whole_rows():
     losses = train(model, src, tgt, steps=60, batch_size=32, warmup=10)
     assert len(losses) == 60 and sum(losses[-10:]) < 0.7 * sum(losses[:10])
     assert exact_match(torch.tensor([[1, 2], [1, 3]]), torch.tensor([[1, 2], [1, 2]])) == 0.5
+
+
+def test_embeddings_start_with_tensor2tensors_std_so_that_sqrt_d_keeps_word_and_position_alike():
+    torch.manual_seed(0)
+    model = Seq2Seq(d_model=64)
+    for table in (model.src_embed, model.tgt_embed):
+        assert abs(table.weight.std().item() * 64 ** 0.5 - 1) < 0.2          # std D^-1/2, not nn.Embedding's 1
+    src = torch.tensor([[SRC_VOCAB.index(w) for w in date_words(datetime.date(1999, 3, 23))]])  # (1, S)
+    word = model.src_embed(src) * 64 ** 0.5                                   # what embed adds to the positions
+    ratio = (word.norm(dim=-1) / model.positions[:src.shape[1]].norm(dim=-1)).mean().item()
+    assert 1.0 < ratio < 2.0                                                  # about sqrt(2), never sqrt(2D) = 11
+
+
+def test_lr_factor_is_the_smaller_of_the_warm_up_and_a_cosine_from_step_0():
+    factors = [lr_factor(s, 600, 100) for s in range(600)]
+    assert factors[0] == 1 / 100 and factors[49] == 50 / 100                 # the warm-up, linear
+    peak = max(range(600), key=factors.__getitem__)
+    assert 80 < peak < 100 and factors[peak] < 1                              # meets the cosine before step 100
+    assert factors[300] == pytest.approx(0.5) and factors[-1] < 1e-4         # the cosine started at step 0
 
 
 def test_the_models_bad_input_is_named():

@@ -92,13 +92,20 @@ _CONFIGS = [  # (config, seq_len, batch_size, bytes_per_element): every number d
      1000, 5, 4),
     ({"hidden_size": 768, "num_attention_heads": 12, "num_key_value_heads": 1, "num_hidden_layers": 6},
      333, 7, 2),
+    ({"hidden_size": 3584, "num_attention_heads": 16, "num_key_value_heads": 8, "num_hidden_layers": 42,
+      "head_dim": 256}, 4096, 2, 2),  # Gemma-2-9B's heads: 256 wide, not 3584 / 16 = 224
 ]
+
+
+def _head_dim(c: Mapping[str, int]) -> int:
+    """The width of one head: head_dim when the configuration gives it, else hidden_size / num_attention_heads."""
+    return c.get("head_dim") or c["hidden_size"] // c["num_attention_heads"]
 
 
 def _bytes_variants(c: Mapping[str, int], T: int, B: int, nbytes: int) -> dict[str, int]:
     """The correct count ("") and the classic wrong ones, for one configuration."""
     L, H, H_kv = c["num_hidden_layers"], c["num_attention_heads"], c["num_key_value_heads"]
-    Dh = c["hidden_size"] // H
+    Dh = _head_dim(c)
     right = cache_bytes(L, H_kv, Dh, T, batch_size=B, bytes_per_element=nbytes)
     return {
         "": right,
@@ -109,7 +116,10 @@ def _bytes_variants(c: Mapping[str, int], T: int, B: int, nbytes: int) -> dict[s
         "the batch forgotten: each sequence has its own cache": right // B,
         "bits instead of bytes (× 8)": right * 8,
         "hidden_size used as the width of one kv head (Dh = hidden_size / num_attention_heads)":
-            right * H,
+            cache_bytes(L, H_kv, c["hidden_size"], T, batch_size=B, bytes_per_element=nbytes),
+        "head_dim ignored: when the configuration gives head_dim, that is the width of a head, even where "
+        "it differs from hidden_size / num_attention_heads":
+            cache_bytes(L, H_kv, c["hidden_size"] // H, T, batch_size=B, bytes_per_element=nbytes),
         "bytes_per_element ignored": right // nbytes,
     }
 
@@ -119,18 +129,19 @@ def check_kv_cache_bytes(fn: Callable[[dict, int, int, int], int]) -> str:
     """fn(config, seq_len, batch_size, bytes_per_element) returns the bytes of a full KV cache.
 
     config holds transformers' names: hidden_size, num_attention_heads, num_key_value_heads,
-    num_hidden_layers.
+    num_hidden_layers, and sometimes head_dim (then the width of a head, else hidden_size / num_attention_heads).
     """
     calls = [(config, f"kv_cache_bytes(config, seq_len={T}, batch_size={B}, bytes_per_element={n})",
               _bytes_variants(config, T, B, n)) for config, T, B, n in _CONFIGS]
     got = [_as_int(run(fn, dict(config), T, B, n, what=what), what)
            for (config, T, B, n), (_, what, _) in zip(_CONFIGS, calls)]
     for answer, (config, what, variants) in zip(got, calls):
-        if answer != variants[""]:  # the mistakes named are those that explain all three answers
+        if answer != variants[""]:  # the mistakes named are those that explain every answer
             found = [name for name in variants if name and all(a == v[name] for a, (_, _, v) in zip(got, calls))]
             raise CandidateError(f"{what} with config {config} returned {answer:,} instead of {variants['']:,}"
                                  + (f": it matches {' and '.join(found)}" if found else ""))
-    return "2 · layers · B · H_kv · seq_len · Dh · bytes per element, for three configurations"
+    return (f"2 · layers · B · H_kv · seq_len · Dh · bytes per element, for {len(_CONFIGS)} configurations, "
+            f"one with a head_dim of its own")
 
 
 @checker("mean-pooled kv heads")

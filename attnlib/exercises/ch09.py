@@ -126,7 +126,11 @@ def _run_tiles(step: Callable[..., State], q, k, v, scale, tile: int, what: str)
 
 @checker("one tile of tiled attention")
 def check_tile_step(fn: Callable[..., State]) -> str:
-    """fn(q, k_tile, v_tile, m, l, acc, scale) folds one key tile into the running (m, l, acc)."""
+    """fn(q, k_tile, v_tile, m, l, acc, scale) folds one key tile into the running (m, l, acc).
+
+    q (N, T, Dh), k_tile (N, tile, Dh), v_tile (N, tile, Dv), m and l (N, T), acc (N, T, Dv): N is the
+    batch and head axes flattened into one, N = B·H.
+    """
     g = torch.Generator().manual_seed(3)
     N, T, S, Dh, Dv, tile = 2, 5, 23, 8, 3, 6
     q, k, v = torch.randn(N, T, Dh, generator=g), torch.randn(N, S, Dh, generator=g), torch.randn(N, S, Dv, generator=g)
