@@ -66,24 +66,41 @@ def unpack(value: object, call: str, x: torch.Tensor, S: int, num_heads: int,
     return out, weights
 
 
-def check_weights(weights: object, expected: torch.Tensor, call: str, need_weights: bool) -> bool:
+def _flat_weights(w: torch.Tensor, expected: torch.Tensor) -> str:
+    """What (B, T, S) weights are, given the per-head ones expected (B, H, T, S)."""
+    if matching(w, {"mean": expected.mean(1)}):
+        return "averaged over the heads (as nn.MultiheadAttention returns them by default); return each head's weights"
+    head = next((h for h in range(expected.shape[1]) if matching(w, {"": expected[:, h]})), None)
+    if head is not None:
+        return f"the weights of head {head} only; return every head's"
+    return "one matrix for all heads; return each head's weights"
+
+
+def check_weights(weights: object, expected: torch.Tensor, call: str, need_weights: bool,
+                  unmasked: torch.Tensor | None = None) -> bool:
     """Check the weights the reader returned against `expected` (B, H, T, S); True if they were checked.
 
     In the drill, weights of another shape (torch's head average (B, T, S), say) are not checked;
     in the exercise that asks for them, they must be the per-head probabilities applied to v.
+    `unmasked`: the weights without the call's mask, to name weights returned before masking.
     """
     if weights is None or (not need_weights and _shape(weights) != tuple(expected.shape)):
         return False
     B, H, T, S = expected.shape
     w = as_tensor(weights, f"the weights returned by {call}")
     if w.shape != expected.shape:
-        hint = {(B, T, S): ": averaged over the heads; return each head's weights",
+        hint = {(B, T, S): f": {_flat_weights(w, expected)}",
                 (B, T, H, S): ": return them as (B, H, T, S)"}.get(tuple(w.shape), "")
         raise CandidateError(f"the weights returned by {call} have shape {fmt_shape(w.shape)}{hint}; "
                              f"expected (B, H, T, S) = {fmt_shape(expected.shape)}")
-    if not matching(w, {"expected": expected}):
-        hint = ("" if matching(w.sum(-1), {"sums": expected.sum(-1)}) else
-                " (their rows do not sum to 1: the scores before the softmax?)")
-        raise CandidateError(f"the weights returned by {call} are not the probabilities applied to v, "
-                             f"softmax(Q Kᵀ / sqrt(d_k)) with the mask, per head{hint}")
-    return True
+    if matching(w, {"expected": expected}):
+        return True
+    known = {"the weights transposed, (B, H, S, T): one row per key; return softmax(...) as it is, one row per "
+             "query": expected.transpose(-2, -1)} if T == S else {}
+    if unmasked is not None:
+        known["the weights of the scores before the mask: return the probabilities applied to v, with the mask"] = unmasked
+    found = matching(w, known)
+    hint = (f": {found[0]}" if found else "" if matching(w.sum(-1), {"sums": expected.sum(-1)}) else
+            " (their rows do not sum to 1: the scores before the softmax?)")
+    raise CandidateError(f"the weights returned by {call} are not the probabilities applied to v, "
+                         f"softmax(Q Kᵀ / sqrt(d_k)) with the mask, per head{hint}")
