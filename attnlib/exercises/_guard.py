@@ -50,7 +50,8 @@ def _raise(signum: int, frame: object) -> None:
 @contextlib.contextmanager
 def time_limit(limit: float) -> Iterator[None]:
     """Raise TimeLimit in the block once `limit` seconds have passed (again every 0.1 s, should the code
-    catch it); nested blocks keep the outermost limit."""
+    catch it, and from a timer thread after 2 * limit, should it ignore the signal); nested blocks keep the
+    outermost limit."""
     if getattr(_active, "depth", 0):
         yield
         return
@@ -60,7 +61,8 @@ def time_limit(limit: float) -> Iterator[None]:
             old = signal.signal(signal.SIGALRM, _raise)
             signal.setitimer(signal.ITIMER_REAL, limit, 0.1)
             try:
-                yield
+                with _injected_after(2 * limit):  # in case the code ignores SIGALRM (signal.signal(..., SIG_IGN))
+                    yield
             finally:
                 signal.setitimer(signal.ITIMER_REAL, 0)
                 signal.signal(signal.SIGALRM, old)
