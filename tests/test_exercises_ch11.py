@@ -46,7 +46,9 @@ def test_shift_right_accepts_correct_answers(answer):
     (lambda t, bos: torch.cat([t[:, 1:], torch.full_like(t[:, :1], bos)], 1), ["BOS at the end"]),
     (lambda t, bos: torch.cat([torch.full_like(t[:1], bos), t[:-1]], 0), ["batch axis (dim=0)"]),
     (lambda t, bos: F.pad(t, (1, 0), value=bos)[:, :-1].float(), ["torch.float32", "must be integers"]),
-    (lambda t, bos: F.pad(t, (1, 0), value=0)[:, :-1], ["max abs difference", "none of the usual mistakes"]),
+    (lambda t, bos: F.pad(t, (1, 0), value=0)[:, :-1], ["position 0 holds 0, not bos = 1", "bos argument is ignored"]),
+    (lambda t, bos: torch.cat([torch.full_like(t[:, :2], bos), t[:, :-2]], 1), ["a shift by two positions"]),
+    (lambda t, bos: F.pad(t, (1, 0), value=bos)[:, :-1] * (torch.arange(6) != 3), ["position 3 is not", "max abs"]),
 ])
 def test_shift_right_names_the_mistake(buggy, phrases):
     assert_names(check_shift_right(buggy), *phrases)
@@ -133,7 +135,7 @@ def norms_reversed(x, memory, self_attn, cross_attn, ffn, norm1, norm2, norm3):
     (cross_on_itself, ["cross_attn(h, h)", "come from the memory"]),
     (memory_asks, ["raised ValueError", "roles swapped", "cross_attn(h, memory)"]),
     (norms_reversed, ["norms in the wrong places"]),
-    (lambda x, m, sa, ca, ffn, n1, n2, n3: n3(ffn(ca(sa(x), m))), ["matches none of the usual mistakes"]),
+    (lambda x, m, sa, ca, ffn, n1, n2, n3: n3(ffn(ca(sa(x), m))), ["is wrong: max abs difference"]),
     (lambda x, m, sa, ca, ffn, n1, n2, n3: x[:, :-1], ["has shape (2, 4, 16), expected (2, 5, 16)"]),
 ])
 def test_decoder_block_names_the_mistake(buggy, phrases):
