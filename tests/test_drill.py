@@ -222,7 +222,7 @@ BUGGY = {
                                                                   -math.inf) if m is None else Separate.masked(self, s, m)),
                       ["a causal mask on every call"]),
     "a layer reused for two roles": (bug(forward=lambda self, x, mask=None: _v_from_w_k(self, x, mask)),
-                                     ["`W_v` is never used", "the keys and the values with `W_k`"]),
+                                     ["`W_v` is never used", "the keys and the values with the same rows of `W_k`"]),
     "head 0's mask for every head": (bug(masked=lambda self, s, m: Separate.masked(self, s, None if m is None else m[:, :1]
                                                                                    if m.dim() == 4 else m)),
                                      ["head 0's mask used for every head"]),

@@ -17,8 +17,12 @@ from attnlib.exercises import check_multi_head_attention, check_multi_head_weigh
 
 
 def test_the_drill_is_one_package_and_the_public_names_still_work():
+    import attnlib.drill as drill
+    import attnlib.exercises as exercises
     assert check_multi_head_attention is check_in_drill
-    from attnlib.drill import main, mistakes  # noqa: F401 - the catalogue and the command line live there too
+    for name in ("check_causal_multi_head_attention", "check_cross_attention", "check_multi_head_weights"):
+        assert getattr(exercises, name) is getattr(drill, name) and name in exercises.__all__
+    assert callable(drill.main) and drill.mistakes.MISTAKES  # the command line and the catalogue live there too
 
 
 class Base(nn.Module):
@@ -267,3 +271,43 @@ def test_a_mistake_nothing_in_the_catalogue_reproduces_gets_what_differs():
     for words in ("forward(x) is wrong", "should sum to 1, and yours sum to", "heads 1 and 2 are right, head 0 is not",
                   "max abs difference"):
         assert words in result.message, (words, result.message)
+
+
+class FusedKV(nn.Module):  # query and a fused key_value, in the style of lucidrains' to_q / to_kv
+    def __init__(self, d_model, num_heads):
+        super().__init__()
+        self.h = num_heads
+        self.to_q, self.to_kv, self.to_out = (nn.Linear(d_model, d_model), nn.Linear(d_model, 2 * d_model),
+                                              nn.Linear(d_model, d_model))
+
+    def forward(self, x, mask=None):
+        q = self.to_q(x)
+        k, v = self.to_kv(x).chunk(2, dim=-1)
+        q, k, v = (t.unflatten(-1, (self.h, -1)).transpose(1, 2) for t in (q, k, v))
+        return self.to_out(F.scaled_dot_product_attention(q, k, v, attn_mask=mask).transpose(1, 2).flatten(2))
+
+
+def _queries_from_kv(self, x, mask=None):
+    k, v = self.to_kv(x).chunk(2, dim=-1)  # to_q forgotten: the keys' rows serve as the queries too
+    q, k, v = (t.unflatten(-1, (self.h, -1)).transpose(1, 2) for t in (k, k, v))
+    return self.to_out(F.scaled_dot_product_attention(q, k, v, attn_mask=mask).transpose(1, 2).flatten(2))
+
+
+@pytest.mark.parametrize("forward, words", [
+    (lambda self, x, mask=None: 2 * FusedKV.forward(self, x, mask), ["it is the reference's output times 2"]),
+    (lambda self, x, mask=None: FusedKV.forward(self, x, mask) + x.mean(1, keepdim=True),
+     ["the difference is the same at every position"]),
+    (_queries_from_kv, ["`to_q` is never used", "the queries and the keys with the same rows of `to_kv`"])])
+def test_what_differs_is_said_in_new_styles(forward, words):
+    result = check_multi_head_attention(type("FusedKV", (FusedKV,), {"forward": forward}))
+    assert not result.passed and all(w in result.message for w in words), result.message
+
+
+def test_weights_that_are_the_head_average_repeated_are_named():
+    def forward(self, x, mask=None):
+        q, k, v = (self.heads(W(x)) for W in (self.W_q, self.W_k, self.W_v))
+        w = (q @ k.transpose(-2, -1) / 2).masked_fill(torch.zeros((), dtype=torch.bool) if mask is None else ~mask,
+                                                     float("-inf")).softmax(-1)
+        return self.W_o((w @ v).transpose(1, 2).flatten(2)), w.mean(1, keepdim=True).expand_as(w)
+    result = check_multi_head_weights(type("Averaged", (Base,), {"forward": forward}))
+    assert "the average over the heads, repeated for every head" in result.message, result.message

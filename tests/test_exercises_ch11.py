@@ -156,6 +156,7 @@ def norms_reversed(x, memory, self_attn, cross_attn, ffn, norm1, norm2, norm3):
     (ffn_before_cross, ["the sublayers in the order self-attention, the FFN, cross-attention"]),
     (norm1_three_times, ["norm1 after every sublayer"]),
     (cross_on_block_input, ["cross-attention's queries taken from the block's input x"]),
+    (lambda x, m, sa, ca, ffn, n1, n2, n3: n3(ffn(n2(ca(n1(sa(x)), m)))), ["no residuals at all"]),
     (lambda x, m, sa, ca, ffn, n1, n2, n3: n3(ffn(ca(sa(x), m))), ["is wrong: max abs difference"]),
     (lambda x, m, sa, ca, ffn, n1, n2, n3: x[:, :-1], ["has shape (2, 4, 16), expected (2, 5, 16)"]),
 ])

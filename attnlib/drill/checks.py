@@ -151,7 +151,9 @@ def _check(candidate: object, drill: Drill, seconds: float | None) -> str:
         layers = next((o for o in options if reproduces(o, H, x, got[:1])), None)
         wrong = [case for case, out in got if layers is None or not reproduces(layers, H, x, [(case, out)])]
         if missing or errors or wrong:
-            raise CandidateError(diagnose(model, fwd, drill, options, missing, found, x, got, errors, wrong))
+            first = [layers] if layers is not None else []  # the layout forward(x) agrees with, when it does
+            raise CandidateError(diagnose(model, fwd, drill, first + [o for o in options if o is not layers], missing,
+                                          found, x, got, errors, wrong))
         with torch.enable_grad():
             gradients(layers, out_of(model, x), simulate(layers, H, x, got[0][0], live=True)[0][0])
     checked = [check_weights(weights[case.call], simulate(layers, H, x, case)[0][1], case.call, drill.need_weights,

@@ -65,12 +65,13 @@ def _reused(missing, options: list[Layers], x, got) -> str | None:
     if stand is None:
         return None
     words = {"q": "the queries", "k": "the keys", "v": "the values"}
-    twice = [r for r in ROLES if [stand.names[s] for s in ROLES].count(stand.names[r]) > 1]
+    first = [stand.units[i * H] for i in range(3)]  # the first slice of each role: equal when the rows are shared
+    twice = [r for i, r in enumerate(ROLES) if first.count(first[i]) > 1]
     names = " and ".join(f"`{n}`" for n, _ in missing)
     return (f"{names} {'is' if len(missing) == 1 else 'are'} never used: nudging its weights does not change the "
-            f"output, and forward computes {' and '.join(words[r] for r in twice)} with `{stand.names[twice[0]]}` (a "
-            f"layer reused for two roles, as when a line is copied and not edited). q, k and v each need their own "
-            f"projection")
+            f"output, and forward computes {' and '.join(words[r] for r in twice)} with the same rows of "
+            f"`{stand.names[twice[0]]}` (a layer reused for two roles, as when a line is copied and not edited). q, k "
+            f"and v each need their own projection")
 
 
 def _mask_hint(model, fwd, drill, layers: Layers, x, case: Case) -> str:
@@ -138,6 +139,9 @@ def _facts(model, fwd, drill, layers: Layers, found, x, case: Case, out: torch.T
     """What differs between out and the reference on `case`, in the merged heads when W_o can be undone."""
     want = simulate(layers, H, x, case, Variant(w_o=False))[0][0]  # (B, T, D): the merged heads
     ref, b_o = simulate(layers, H, x, case)[0][0], layers.out_params()[1]
+    factor = float((out.double() * ref).sum() / (ref.double() * ref).sum().clamp_min(1e-30))
+    if matching(out, {"": factor * ref}):
+        return [f"it is the reference's output times {factor:.4g}"]
     offset = (out.double() - ref.double()).flatten(0, 1)
     if b_o is not None and matching(offset, {"": offset[:1].expand_as(offset)}):
         times = float(offset[0] @ b_o.double() / (b_o.double() @ b_o.double()).clamp_min(1e-30))

@@ -57,12 +57,11 @@ def differences(got: torch.Tensor, want: torch.Tensor, axes: Sequence[str]) -> l
     factor = float((got * want).sum() / (want * want).sum().clamp_min(1e-30))
     if _close(got, factor * want):
         facts.append(f"it is the expected result times {factor:.4g}")
-    for k in range(len(axes) - 1, 0, -1) if not facts else ():  # constant over the first k axes
-        offset = (got - want).flatten(0, k - 1)
-        if _close(offset, offset[:1].expand_as(offset)):
-            facts.append(f"it differs from the expected result by one and the same amount at every "
-                         f"{' and '.join(axes[:k])} (a bias added once too often, or a constant left in?)")
-            break
+    d = got - want
+    same = [name for a, name in enumerate(axes[:-1]) if got.shape[a] > 1 and _close(d, d.narrow(a, 0, 1).expand_as(d))]
+    if same and not facts:
+        facts.append(f"the difference is the same at every {' and every '.join(same)} (something added that does "
+                     f"not depend on the {same[0]}?)")
     for a, name in enumerate(axes[:-1]):
         moved = _moved(got, want, a)
         if moved and not facts:

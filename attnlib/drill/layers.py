@@ -115,10 +115,11 @@ def layouts(parts: list[tuple[str, nn.Linear]], out: tuple[str, nn.Linear], D: i
 
 
 def reused(parts: list[tuple[str, nn.Linear]], out: tuple[str, nn.Linear], D: int, H: int) -> list[Layers]:
-    """For two layers of D rows and a third never used: every way one of them serves two roles."""
-    if len(parts) != 2 or any(m.out_features != D for _, m in parts):
+    """For input rows adding up to 2D (two separate layers or one fused) beside a layer never used: every way one
+    block of D rows serves two roles."""
+    if sum(m.out_features for _, m in parts) != 2 * D:
         return []
-    owner = [n for n, _ in parts for _ in range(H)]
+    owner = [n for n, m in parts for _ in range(m.out_features // (D // H))]
     return [_layers(parts, out, tuple(p * H + h for p in roles for h in range(H)), D // H, H,
                     "a layer reused for two roles", owner)
             for roles in itertools.product((0, 1), repeat=3) if len(set(roles)) == 2]

@@ -95,8 +95,11 @@ def check_weights(weights: object, expected: torch.Tensor, call: str, need_weigh
                              f"expected (B, H, T, S) = {fmt_shape(expected.shape)}")
     if matching(w, {"expected": expected}):
         return True
-    known = {"the weights transposed, (B, H, S, T): one row per key; return softmax(...) as it is, one row per "
-             "query": expected.transpose(-2, -1)} if T == S else {}
+    known = {"the average over the heads, repeated for every head: return each head's own weights":
+             expected.mean(1, keepdim=True).expand_as(expected)}
+    if T == S:
+        known["the weights transposed, (B, H, S, T): one row per key; return softmax(...) as it is, one row per "
+              "query"] = expected.transpose(-2, -1)
     if unmasked is not None:
         known["the weights of the scores before the mask: return the probabilities applied to v, with the mask"] = unmasked
     found = matching(w, known)

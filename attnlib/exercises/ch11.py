@@ -123,6 +123,8 @@ def _block_mistakes(x, memory, sa, ca, ffn, n1, n2, n3) -> dict[str, torch.Tenso
         "no residual around self-attention": _post(_post(n1(sa(x)), n2, cross), n3, ffn),
         "no residual around cross-attention": _post(n2(cross(h)), n3, ffn),
         "no residual around the FFN": n3(ffn(_post(h, n2, cross))),
+        "no residuals at all, LN(f(x)) for each sublayer: each is LN(x + f(x)), the input added back":
+            n3(ffn(n2(cross(n1(sa(x)))))),
         "cross-attention over the decoder's own tokens, cross_attn(h, h): its keys and values come from "
         "the memory, cross_attn(h, memory)": _post(_post(h, n2, lambda z: ca(z, z)), n3, ffn),
         "cross-attention's queries taken from the block's input x, cross_attn(x, memory): they come from the "
