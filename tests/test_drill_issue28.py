@@ -256,7 +256,7 @@ def test_one_heads_weights_are_not_called_an_average():
                                                      float("-inf")).softmax(-1)
         return self.W_o((w @ v).transpose(1, 2).flatten(2)), w[:, 1]  # head 1 only
     result = check_multi_head_weights(type("OneHead", (Base,), {"forward": forward}))
-    assert "the weights of head 1 only" in result.message and "averaged" not in result.message, result.message
+    assert "the attention weights of head 1 only" in result.message and "averaged" not in result.message, result.message
 
 
 def test_a_mistake_nothing_in_the_catalogue_reproduces_gets_what_differs():

@@ -98,7 +98,7 @@ def _raschka_init(self, d_in, d_out, context_length, dropout, num_heads, qkv_bia
 def test_a_function_is_told_the_drill_asks_for_a_class_and_why_its_weights_are_random():
     result = check_multi_head_attention(multi_head_attention)
     assert "`multi_head_attention` is a function, and the drill asks for an nn.Module class" in result.message
-    assert "its weights are new random ones on every call" in result.message, result.message
+    assert "its parameters are new random ones on every call" in result.message, result.message
     result = check_multi_head_attention(mha_with_weights)
     assert "`mha_with_weights` is a function; the drill asks for an nn.Module class" in result.message
     assert "random" not in result.message, result.message

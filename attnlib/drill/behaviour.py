@@ -111,7 +111,7 @@ def history(model: nn.Module, twin: nn.Module, output: Callable[[nn.Module, torc
 def _random_message(seen: list[str], model: nn.Module) -> str:
     head = "forward(x) gives two different outputs for the same x in eval() mode"
     if "init" in seen:
-        return (f"{head}: forward creates a new layer on every call{_creation_line(model)}, so its weights are new "
+        return (f"{head}: forward creates a new layer on every call{_creation_line(model)}, so its parameters are new "
                 f"random numbers each time and no optimizer could ever train them; create every layer once, in __init__")
     dropout = next((s for s in seen if "dropout" in s), None)
     if dropout:

@@ -60,7 +60,7 @@ def _function(fn: object, name: str, D: int, H: int) -> nn.Module:
     """A function: a factory that returns the module is fine; anything else is told the drill wants a class."""
     if _builds_linear(fn):
         raise CandidateError(f"`{name}` is a function, and the drill asks for an nn.Module class: {_CLASS}. Your "
-                             f"function builds its own nn.Linear layers inside, so its weights are new random ones "
+                             f"function builds its own nn.Linear layers inside, so its parameters are new random ones "
                              f"on every call: the same x gives a different output each time, and no optimizer "
                              f"could ever train them")
     try:

@@ -94,7 +94,7 @@ def _contract(model: nn.Module) -> None:
         params = ", ".join(f"{n} {tuple(p.shape)}" for n, p in model.named_parameters()) or "none"
         raise CandidateError(f"found no nn.Linear layer, only the parameters {params}. The drill's contract: the "
                              f"projections are nn.Linear layers (any names, any split), so that the checker can "
-                             f"rebuild attention from their weights; write e.g. self.W_q = nn.Linear(d_model, d_model)")
+                             f"rebuild attention from their parameters; write e.g. self.W_q = nn.Linear(d_model, d_model)")
 
 
 def _twin(model: nn.Module, make: Callable[[], nn.Module]) -> nn.Module:
@@ -161,7 +161,7 @@ def _check(candidate: object, drill: Drill, seconds: float | None) -> str:
                for case, _ in got]
     given = "; forward(q, k, v) was given x three times" if fwd.inputs == 3 else ""
     return (f"matches multi-head attention rebuilt from your own {layers.described}{given} (B = {B}, T = {T}, "
-            f"d_model = {D}, num_heads = {H}) {drill.summary}" + (", the weights it returns too" if any(checked) else "")
+            f"d_model = {D}, num_heads = {H}) {drill.summary}" + (", the attention weights it returns too" if any(checked) else "")
             + "; gives the same output on every call in eval() mode, keeps no state between calls, and every "
             f"projection gets its gradient{maker.note}{names_note(layers)}")
 
@@ -196,7 +196,7 @@ def check_cross_attention(cls: type, seconds: float | None = None) -> str:
                              "(B, S, D) with S = 7, without and with a padding mask (B, 1, 1, S)"), seconds)
 
 
-@checker("multi-head attention returning its weights")
+@checker("multi-head attention returning its attention weights")
 def check_multi_head_weights(cls: type, seconds: float | None = None) -> str:
-    """The drill with forward returning (out (B, T, D), weights (B, H, T, T)), the probabilities applied to v."""
+    """The drill with forward returning (out (B, T, D), attention weights (B, H, T, T)), the probabilities applied to v."""
     return _check(cls, Drill("forward(self, x, mask=None)", _drill_cases, _SUMMARY, need_weights=True), seconds)

@@ -68,7 +68,7 @@ def _reused(missing, options: list[Layers], x, got) -> str | None:
     first = [stand.units[i * H] for i in range(3)]  # the first slice of each role: equal when the rows are shared
     twice = [r for i, r in enumerate(ROLES) if first.count(first[i]) > 1]
     names = " and ".join(f"`{n}`" for n, _ in missing)
-    return (f"{names} {'is' if len(missing) == 1 else 'are'} never used: nudging its weights does not change the "
+    return (f"{names} {'is' if len(missing) == 1 else 'are'} never used: nudging its parameters does not change the "
             f"output, and forward computes {' and '.join(words[r] for r in twice)} with the same rows of "
             f"`{stand.names[twice[0]]}` (a layer reused for two roles, as when a line is copied and not edited). q, k "
             f"and v each need their own projection")

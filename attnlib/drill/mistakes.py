@@ -39,19 +39,19 @@ MISTAKES = (
             "same output): the softmax sees the unscaled scores Q Kᵀ and the output shrinks by sqrt(d_k) = "
             "{sqrt_Dh:g}; divide the scores before the softmax"),
     Mistake("axis", -2, "softmax over the wrong axis: over the queries (dim=-2, which is dim=2 of the scores "
-            "(B, H, T, S)) instead of the keys (dim=-1); each query's weights over the keys must sum to 1"),
+            "(B, H, T, S)) instead of the keys (dim=-1); each query's attention weights over the keys must sum to 1"),
     Mistake("axis", 1, "softmax over the wrong axis: over the heads (dim=1) instead of the keys (dim=-1)"),
     Mistake("axis", "BH", "softmax over the wrong axis: over the batch·heads axis, dim=0 of the (B·H, T, S) scores "
             "of a bmm. nn.Softmax() or F.softmax(s) without dim picks dim=0 for a 3-D tensor (PyTorch's legacy "
             "implicit dim, with a warning): pass dim=-1"),
     Mistake("axis", "TS", "softmax over the wrong axis: over all T × S scores of a head at once (a softmax of the "
-            "flattened matrix); each query's row of weights must sum to 1: softmax(dim=-1)"),
+            "flattened matrix); each query's row of attention weights must sum to 1: softmax(dim=-1)"),
     Mistake("heads", "one", "num_heads ignored: one head of width d_model = {D} (q, k and v never split into "
             "{H} heads of d_k = {Dh}): split them with view(B, T, H, Dh).transpose(1, 2)"),
-    Mistake("twice", True, "softmax applied twice: the weights are softmax(softmax(scores)), nearly uniform; "
+    Mistake("twice", True, "softmax applied twice: the attention weights are softmax(softmax(scores)), nearly uniform; "
             "apply it once"),
-    Mistake("weights_T", True, "the weights transposed before they meet v: Aᵀ @ v sums over the queries; the output "
-            "is weights @ v with the weights (B, H, T, S), one row per query", "self"),
+    Mistake("weights_T", True, "the attention weights transposed before they meet v: Aᵀ @ v sums over the queries; the "
+            "output is A @ v with the attention weights A (B, H, T, S), one row per query", "self"),
     Mistake("split", "no transpose", "heads split without the transpose: t.view(B, H, T, Dh) cuts the sequence "
             "into heads and mixes positions; use t.view(B, T, H, Dh).transpose(1, 2)"),
     Mistake("split", "strided", "heads split as view(B, T, Dh, H): head h takes every H-th feature (h, h + H, ...) "
@@ -77,7 +77,7 @@ MISTAKES = (
     Mistake("fill", "added", "the bool mask added to the scores as numbers (1.0 where True, 0.0 where False), "
             "which masks nothing: a float attn_mask is added to the scores; pass the bool mask itself, or a float "
             "mask of 0 and -inf", "mask"),
-    Mistake("fill", "after", "the mask applied after the softmax: zeroing weights there leaves rows that no "
+    Mistake("fill", "after", "the mask applied after the softmax: zeroing attention weights there leaves rows that no "
             "longer sum to 1; fill the scores with -inf before the softmax", "masked"),
     Mistake("always_causal", "always", "a causal mask on every call: the module must attend to every key unless "
             "the mask it is given says otherwise (and in cross-attention a query may see every position of the "
