@@ -29,8 +29,8 @@ TASK = """\
 The interview drill: write multi-head attention from memory.
   class MultiHeadAttention(nn.Module), built as MultiHeadAttention(d_model, num_heads)
   forward(x, mask=None): x (B, T, D); mask None or a bool tensor broadcasting to the scores
-    (B, H, T, T), True = may attend; returns out (B, T, D), or (out, weights)
-  q, k, v and the output projection are nn.Linear layers of any names, separate or fused."""
+    (B, H, T, T), True = may attend; returns out (B, T, D), or (out, attention weights)
+  q, k, v and the output projection are nn.Linear layers of any names and any split."""
 
 STARTER = """\
 {task}
