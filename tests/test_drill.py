@@ -366,7 +366,7 @@ ODD = {
     "a (B, T, T) mask expected": (bug(forward=_add_head_axis), ["Given the same mask as (B, T, T), your forward is "
                                                                 "right", "do not add a head axis"]),
     "NaN everywhere": (bug(forward=lambda self, x, mask=None: Separate.forward(self, x, mask) * float("nan")),
-                       ["forward(x) returns NaN, with no mask at all", "first at sequence 0, position 0, feature 0"]),
+                       ["forward(x) returns NaN, with no mask at all (first at sequence 0, position 0, feature 0)"]),
     "nn.MultiheadAttention inside": (MHAInside, ["holds an nn.MultiheadAttention", "write multi-head attention "
                                                  "yourself", "True = ignore"]),
 }

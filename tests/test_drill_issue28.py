@@ -311,3 +311,25 @@ def test_weights_that_are_the_head_average_repeated_are_named():
         return self.W_o((w @ v).transpose(1, 2).flatten(2)), w.mean(1, keepdim=True).expand_as(w)
     result = check_multi_head_weights(type("Averaged", (Base,), {"forward": forward}))
     assert "the average over the heads, repeated for every head" in result.message, result.message
+
+
+def _mutating(self, x, mask=None):
+    with torch.no_grad():
+        self.W_o.weight.mul_(1.01)  # "a little learning" in forward
+    return _layer_forward(self, x, mask)
+
+
+def _numpy_noise(self, x, mask=None):
+    import numpy as np
+    return _layer_forward(self, x, mask) + torch.from_numpy(np.random.randn(*x.shape).astype("float32")) * 1e-3
+
+
+@pytest.mark.parametrize("forward, words", [
+    (_mutating, ["forward changes `W_o.weight` in place on every call"]),
+    (_numpy_noise, ["with no dropout and no random draw of torch's", "numpy's or Python's random numbers"]),
+    (lambda self, x, mask=None: _layer_forward(self, x, mask) * float("inf"),
+     ["returns inf, with no mask at all (first at sequence 0, position 0, feature 0)"]),
+    (lambda self, x, mask=None: x + 0 * self.W_o.weight.sum(), ["the output does not depend on any of your layers"])])
+def test_hostile_forwards_get_the_cause_not_a_wrong_blame(forward, words):
+    result = check_multi_head_attention(type("Hostile", (Base,), {"forward": forward}))
+    assert not result.passed and all(w in result.message for w in words), result.message

@@ -10,12 +10,15 @@ inside forward (with its line), or random draws.
 from __future__ import annotations
 
 import ast
+import contextlib
 import inspect
+import random
 import textwrap
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import torch
 from torch import nn
+from torch.nn.parameter import is_lazy
 from torch.overrides import TorchFunctionMode
 
 from attnlib.drill.probes import differs
@@ -88,16 +91,40 @@ def _same(a: object, b: object) -> bool:
         return False
 
 
+@contextlib.contextmanager
+def _seeded_everywhere() -> Iterator[Callable[[int], None]]:
+    """seed(s) seeds torch, numpy and Python's random alike; numpy's and Python's states are put back after
+    (torch's is, by the checker), so that randomness of any origin is told from state kept between calls."""
+    import numpy
+    states = numpy.random.get_state(), random.getstate()
+
+    def seed(s: int) -> None:
+        torch.manual_seed(s), numpy.random.seed(s), random.seed(s)
+    try:
+        yield seed
+    finally:
+        numpy.random.set_state(states[0])
+        random.setstate(states[1])
+
+
 def history(model: nn.Module, twin: nn.Module, output: Callable[[nn.Module, torch.Tensor], torch.Tensor],
             x: torch.Tensor, x2: torch.Tensor) -> None:
     """CandidateError if forward's output depends on earlier calls (state) or on the random seed (dropout
     left on, a layer created in forward). model and twin are built alike; their histories differ."""
     before = _attributes(model)
+    tensors = lambda: [(n, t) for n, t in [*model.named_parameters(), *model.named_buffers()] if not is_lazy(t)]  # noqa: E731
+    saved = {n: (t, t.detach().clone()) for n, t in tensors()}
     outs = []
-    for seed, module, xi in ((1, model, x), (1, twin, x2), (2, model, x2), (2, twin, x2)):
-        torch.manual_seed(seed)
-        with _Randomness() as log:
-            outs.append(output(module, xi))
+    with _seeded_everywhere() as seed:
+        for s, module, xi in ((1, model, x), (1, twin, x2), (2, model, x2), (2, twin, x2)):
+            seed(s)
+            with _Randomness() as log:
+                outs.append(output(module, xi))
+    moved = [n for n, t in tensors() if n in saved and t is saved[n][0] and not torch.equal(t.detach(), saved[n][1])]
+    if moved:
+        raise CandidateError(f"forward changes {', '.join(f'`{n}`' for n in moved[:3])} in place on every call: a "
+                             f"module's parameters and buffers change only in an optimizer step, so forward must "
+                             f"leave them as they are")
     if not matching(outs[2], {"fresh": outs[3]}):
         diff = float(differs(outs[2], outs[3]).max())
         raise CandidateError(f"forward's output depends on its earlier calls: on a second, different x it differs from "
@@ -117,5 +144,8 @@ def _random_message(seen: list[str], model: nn.Module) -> str:
     if dropout:
         return (f"{head}: dropout is still on: {dropout} keeps dropping out after model.eval(). Use nn.Dropout "
                 f"(eval() turns it off) or F.dropout(w, p, training=self.training)")
-    draws = ", ".join(dict.fromkeys(s for s in seen if s.startswith("torch."))) or "random numbers"
-    return f"{head}: forward draws {draws}; multi-head attention in eval() mode is deterministic"
+    draws = ", ".join(dict.fromkeys(s for s in seen if s.startswith("torch.")))
+    if draws:
+        return f"{head}: forward draws {draws}; multi-head attention in eval() mode is deterministic"
+    return (f"{head}, with no dropout and no random draw of torch's: does forward use numpy's or Python's random "
+            f"numbers, or the clock? Multi-head attention in eval() mode is deterministic")

@@ -26,7 +26,6 @@ from torch import nn
 from attnlib.drill.build import Forward, build
 from attnlib.drill.diagnosis import B, D, H, S, T, call, diagnose
 from attnlib.drill.fit import options_for, shapes_note
-from attnlib.drill.differ import differences
 from attnlib.drill.output import check_weights
 from attnlib.drill.behaviour import history
 from attnlib.drill.probes import find, gradients
@@ -141,10 +140,12 @@ def _check(candidate: object, drill: Drill, seconds: float | None) -> str:
                 errors.append((case, str(exc)))
         if not got:
             raise CandidateError(errors[0][1])
-        if torch.isnan(got[0][1]).any():
-            raise CandidateError(f"{fwd.describe(got[0][0].call)} returns NaN, with no mask at all: "
-                                 + differences(got[0][1], torch.zeros_like(got[0][1]), ("sequence", "position",
-                                                                                          "feature"))[0])
+        if not torch.isfinite(got[0][1]).all():
+            first = (~torch.isfinite(got[0][1])).nonzero()[0].tolist()
+            what = "NaN" if torch.isnan(got[0][1]).any() else "inf"
+            raise CandidateError(f"{fwd.describe(got[0][0].call)} returns {what}, with no mask at all (first at "
+                                 f"sequence {first[0]}, position {first[1]}, feature {first[2]}): 0/0, inf - inf, an "
+                                 f"overflow, or a softmax row whose every score is -inf")
         found = find(model, lambda: out_of(model, x), D, H)
         options, missing = options_for(found, model, D, H)
         options = ranked(options, found.values)

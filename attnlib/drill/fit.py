@@ -24,6 +24,9 @@ def options_for(found, model: nn.Module, D: int, H: int) -> tuple[list[Layers], 
     never applied (the catalogue names it) unless another layer serves two roles (probes cannot tell; the
     output can: `reproduces`)."""
     Dh, inputs, out = D // H, list(found.inputs), found.out
+    if not inputs and out is None and not found.extra:
+        raise CandidateError("the output does not depend on any of your layers: nudging their parameters changes "
+                             "nothing. Does forward return something computed without them?")
     square = lambda m: (m.in_features, m.out_features) == (D, D)  # noqa: E731
     widths = [m.out_features for _, m in inputs if m.in_features == D]
     if len(widths) >= 3 and len(set(widths)) == 1 and widths[0] % H == 0 and widths[0] not in (D, Dh):
