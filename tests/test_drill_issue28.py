@@ -333,3 +333,13 @@ def _numpy_noise(self, x, mask=None):
 def test_hostile_forwards_get_the_cause_not_a_wrong_blame(forward, words):
     result = check_multi_head_attention(type("Hostile", (Base,), {"forward": forward}))
     assert not result.passed and all(w in result.message for w in words), result.message
+
+
+def test_a_time_first_output_reshaped_instead_of_transposed_is_told_its_rows_moved():
+    def forward(self, x, mask=None):
+        B, T, D = x.shape
+        out = _time_first(self, x, mask).transpose(0, 1)  # back to (T, B, D) ...
+        return out.reshape(B, T, D)                       # ... and reshaped where a transpose belongs
+    result = check_multi_head_attention(type("TimeFirstReshaped", (Base,), {"forward": forward}))
+    assert "its (sequence, position) rows are the expected ones in other places" in result.message, result.message
+    assert "(0, 1) holds (1, 0)" in result.message and "a reshape where a transpose belongs?" in result.message

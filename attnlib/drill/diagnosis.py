@@ -161,8 +161,8 @@ def _facts(model, fwd, drill, layers: Layers, found, x, case: Case, out: torch.T
         other = call(model, fwd, x, dataclasses.replace(case, x=nudged if case.x is None else case.x + (nudged - x)),
                      drill)[0].detach()
         if not matching(other[0], {"": out[0]}):
-            facts.insert(0, "the output of sequence 0 changes when only sequence 1 does: your attention mixes the "
-                            "sequences of the batch")
+            facts.insert(0, "the output of sequence 0 changes when only sequence 1 does: something in forward mixes "
+                            "the sequences of the batch")
     except CandidateError:
         pass
     if found.extra:

@@ -62,6 +62,14 @@ def differences(got: torch.Tensor, want: torch.Tensor, axes: Sequence[str]) -> l
     if same and not facts:
         facts.append(f"the difference is the same at every {' and every '.join(same)} (something added that does "
                      f"not depend on the {same[0]}?)")
+    if len(axes) > 2 and not facts and not any(_moved(got, want, a) for a in range(len(axes) - 1)):
+        rows = _moved(got.flatten(0, 1), want.flatten(0, 1), 0)  # rows moved across both leading axes at once
+        if rows:
+            n = got.shape[1]
+            shown = ", ".join(f"({i // n}, {i % n}) holds ({j // n}, {j % n})" for i, j in
+                              [(i, j) for i, j in rows.items() if i != j][:4])
+            facts.append(f"its ({axes[0]}, {axes[1]}) rows are the expected ones in other places ({shown}, ...): a "
+                         f"reshape where a transpose belongs?")
     for a, name in enumerate(axes[:-1]):
         moved = _moved(got, want, a)
         if moved and not facts:
