@@ -16,8 +16,7 @@ reader's code runs under a time limit, and torch's global state is put back as i
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -32,7 +31,7 @@ from attnlib.drill.probes import find, gradients
 from attnlib.drill.roles import names_note, ranked
 from attnlib.drill.variants import Case, reproduces, simulate
 from attnlib.exercises._core import CandidateError, checker
-from attnlib.exercises._guard import limited_to
+from attnlib.exercises._guard import limited_to, one_thread
 from attnlib.masks import causal_mask, lengths_to_valid, padding_mask
 
 __all__ = ["check_multi_head_attention", "check_causal_multi_head_attention", "check_cross_attention",
@@ -107,19 +106,8 @@ def _twin(model: nn.Module, make: Callable[[], nn.Module]) -> nn.Module:
     return twin
 
 
-@contextlib.contextmanager
-def _one_thread() -> Iterator[None]:
-    """The checker's tensors are tiny: on a busy machine one thread runs them 10-40x faster than a pool."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(threads)
-
-
 def _check(candidate: object, drill: Drill, seconds: float | None) -> str:
-    with limited_to(seconds), _one_thread():
+    with limited_to(seconds), one_thread():
         torch.manual_seed(0)
         model, maker = build(candidate, D, H)
         _contract(model)

@@ -14,6 +14,7 @@ import torch.nn.functional as F
 
 from attnlib.drill.differ import differences
 from attnlib.exercises._core import CandidateError, checker, expect_close, matching, run
+from attnlib.exercises._guard import one_thread
 from attnlib.exercises.ch07 import _tensor_or_named
 from attnlib.mha import MultiHeadAttention
 from attnlib.cross_attention import memory_kv
@@ -156,7 +157,7 @@ def check_decoder_block(fn: Callable[..., torch.Tensor]) -> str:
 
     parts = (sa, ca, layer.ffn, layer.norm1, layer.norm2, layer.norm3)
     what = f"decoder_block(x, memory, ...) with x of shape {(B, T, D)} and memory of shape {(B, S, D)}"
-    with torch.no_grad():
+    with torch.no_grad(), one_thread():
         got = _tensor_or_named(run(fn, x.clone(), memory.clone(), *parts, what=what), what, (B, T, D), {})
         _expect(got, layer(x, memory), what, atol=1e-9, mistakes=lambda: _block_mistakes(x, memory, *parts),
                 axes=("sequence", "position", "feature"))
