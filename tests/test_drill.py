@@ -15,7 +15,7 @@ from torch import nn
 
 from attnlib.exercises import (check_causal_multi_head_attention, check_cross_attention,
                                check_multi_head_attention, check_multi_head_weights)
-from attnlib.exercises.drill_mistakes import MISTAKES, describe
+from attnlib.drill.mistakes import MISTAKES, describe
 
 
 class Separate(nn.Module):
@@ -130,6 +130,17 @@ def _per_head_fused(self, x, mask=None):
     return self.W_o(F.scaled_dot_product_attention(q, k, v, attn_mask=mask).transpose(1, 2).reshape(B, T, D))
 
 
+def _scaled_v(self, x, mask=None):
+    q, k, v = (self.split(W(x)) for W in (self.W_q, self.W_k, self.W_v))
+    s = self.masked(q @ k.transpose(-2, -1), mask)
+    return self.W_o(self.merge(torch.softmax(s, -1) @ (v / math.sqrt(self.d_k))))
+
+
+def _v_from_w_k(self, x, mask=None):
+    q, k, v = (self.split(W(x)) for W in (self.W_q, self.W_k, self.W_k))  # a line copied, not edited
+    return self.W_o(self.merge(self.probs(self.masked(self.scores(q, k), mask)) @ v))
+
+
 def _renamed_no_out(self, x, mask=None):
     q, k, v = (self.split(W(x)) for W in (self.q_proj, self.k_proj, self.v_proj))
     return self.merge(self.probs(self.masked(self.scores(q, k), mask)) @ v)
@@ -159,11 +170,11 @@ BUGGY = {
     "no scale": (bug(scores=_unscaled), ["a known mistake", "no scale"]),
     "scale sqrt(d_model)": (bug(scores=lambda self, q, k: q @ k.transpose(-2, -1) / math.sqrt(self.h * self.d_k)),
                             ["divided by sqrt(d_model) = sqrt(12) instead of sqrt(d_k)"]),
+    "scale d_model": (bug(scores=lambda self, q, k: q @ k.transpose(-2, -1) / (self.h * self.d_k)),
+                      ["divided by d_model = 12 instead of sqrt(d_k)"]),
     "scale d_k": (bug(scores=lambda self, q, k: q @ k.transpose(-2, -1) / self.d_k), ["divided by d_k = 4"]),
     "scale multiplied": (bug(scores=lambda self, q, k: q @ k.transpose(-2, -1) * math.sqrt(self.d_k)),
                          ["multiplied by sqrt(d_k) instead of divided by it"]),
-    "scores K Qᵀ": (bug(scores=lambda self, q, k: k @ q.transpose(-2, -1) / math.sqrt(self.d_k)),
-                    ["the scores transposed: K Qᵀ"]),
     "softmax over queries": (bug(probs=lambda self, s: torch.softmax(s, dim=-2)), ["over the queries (dim=-2"]),
     "softmax over heads": (bug(probs=lambda self, s: torch.softmax(s, dim=1)), ["over the heads (dim=1)"]),
     "split without transpose": (bug(split=_no_transpose_split), ["heads split without the transpose"]),
@@ -174,8 +185,8 @@ BUGGY = {
                            ["masked scores set to 0 instead of -inf"]),
     "a 0/1 float mask to SDPA": (bug(Fused, forward=_float_mask), ["the bool mask added to the scores as numbers"]),
     "mask after softmax": (bug(forward=_after_softmax_forward), ["the mask applied after the softmax"]),
-    "W_o unused": (bug(output=lambda self, o: o), ["no output projection"]),
-    "no W_o": (NoWo, ["no output projection: found `W_q`, `W_k`, `W_v` applied to x"]),
+    "W_o unused": (bug(output=lambda self, o: o), ["no output projection: your `W_o` is never applied"]),
+    "no W_o": (NoWo, ["no output projection: `W_q`, `W_k`, `W_v` take x"]),
     "heads not merged": (bug(merge=lambda self, o: o, output=lambda self, o: o),
                          ["shape (2, 3, 5, 4) = (B, H, T, Dh)", "never merged back", "expected (B, T, D) = (2, 5, 12)"]),
     "view after transpose": (bug(merge=_view_after_transpose),
@@ -188,6 +199,42 @@ BUGGY = {
                                  ["two mistakes at once", "no scale", "an inverted mask"]),
     "split and merge without transpose": (bug(split=_no_transpose_split, merge=_no_transpose_merge),
                                           ["two mistakes at once", "split without", "merged without"]),
+    # the classic mistakes of issue 28, each named
+    "scale after the softmax": (bug(probs=lambda self, s: torch.softmax(s * math.sqrt(self.d_k), -1) / math.sqrt(self.d_k)),
+                                ["the scale applied after the softmax"]),
+    "scale on v": (bug(forward=lambda self, x, mask=None: _scaled_v(self, x, mask)), ["the scale applied after the softmax",
+                                                                                    "or to v"]),
+    "sqrt(H)": (bug(scores=lambda self, q, k: q @ k.transpose(-2, -1) / math.sqrt(self.h)),
+                ["divided by sqrt(num_heads) = sqrt(3)"]),
+    "a hard-coded /8": (bug(scores=lambda self, q, k: q @ k.transpose(-2, -1) / 8), ["a hard-coded scale", "d_k = 64"]),
+    "nn.Softmax() without dim on a 3-D bmm": (bug(probs=lambda self, s: nn.Softmax()(s.flatten(0, 1)).view_as(s)),
+                                              ["the batch·heads axis", "nn.Softmax() or F.softmax(s) without dim"]),
+    "view(B, T, Dh, H)": (bug(split=lambda self, t: t.view(*t.shape[:2], self.d_k, self.h).permute(0, 3, 1, 2)),
+                          ["heads split as view(B, T, Dh, H)"]),
+    "heads merged in the wrong order": (bug(merge=lambda self, o: o.permute(0, 2, 3, 1).reshape(o.shape[0], o.shape[2], -1)),
+                                        ["heads merged in the wrong order"]),
+    "a residual inside": (bug(forward=lambda self, x, mask=None: Separate.forward(self, x, mask) + x),
+                          ["a residual inside the module"]),
+    "a (T, T) mask skipped": (bug(masked=lambda self, s, m: s if m is None or m.dim() == 2 else s.masked_fill(~m, -math.inf)),
+                              ["with mask (B, 1, T, T) is right", "a (T, T) mask is ignored"]),
+    "softmax twice": (bug(probs=lambda self, s: torch.softmax(torch.softmax(s, -1), -1)), ["softmax applied twice"]),
+    "always causal": (bug(masked=lambda self, s, m: s.masked_fill(~torch.ones(s.shape[-2:], dtype=torch.bool).tril(),
+                                                                  -math.inf) if m is None else Separate.masked(self, s, m)),
+                      ["a causal mask on every call"]),
+    "a layer reused for two roles": (bug(forward=lambda self, x, mask=None: _v_from_w_k(self, x, mask)),
+                                     ["`W_v` is never used", "the keys and the values with the same rows of `W_k`"]),
+    "head 0's mask for every head": (bug(masked=lambda self, s, m: Separate.masked(self, s, None if m is None else m[:, :1]
+                                                                                   if m.dim() == 4 else m)),
+                                     ["head 0's mask used for every head"]),
+    "the weights transposed": (bug(probs=lambda self, s: torch.softmax(s, -1).transpose(-2, -1)),
+                               ["the attention weights transposed before they meet v"]),
+    "the mask transposed": (bug(masked=lambda self, s, m: Separate.masked(self, s, None if m is None else m.transpose(-2, -1))),
+                            ["the mask transposed"]),
+    "num_heads ignored": (bug(split=lambda self, t: t.unsqueeze(1), merge=lambda self, o: o.squeeze(1),
+                              scores=lambda self, q, k: q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])),
+                          ["num_heads ignored: one head of width d_model = 12"]),
+    "softmax over the whole matrix": (bug(probs=lambda self, s: s.flatten(-2).softmax(-1).view_as(s)),
+                                      ["over all T × S scores of a head at once"]),
     "sqrt(d_model) + softmax over queries": (
         bug(scores=lambda self, q, k: q @ k.transpose(-2, -1) / math.sqrt(self.h * self.d_k),
             probs=lambda self, s: torch.softmax(s, dim=-2)),
@@ -201,8 +248,9 @@ def test_buggy_candidate_fails_and_the_mistake_is_named(name):
     assert_fails_naming(check_multi_head_attention(candidate), words)
 
 
-@pytest.mark.parametrize("candidate", [Separate, Fused, Einsum, Renamed, bug(Fused, forward=_per_head_fused)],
-                         ids=["separate", "fused", "einsum", "renamed", "fused per head"])
+@pytest.mark.parametrize("candidate", [Separate, Fused, Einsum, Renamed, bug(Fused, forward=_per_head_fused),
+                                       bug(scores=lambda self, q, k: k @ q.transpose(-2, -1) / math.sqrt(self.d_k))],
+                         ids=["separate", "fused", "einsum", "renamed", "fused per head", "scores K Qᵀ"])
 def test_correct_answers_pass(candidate):
     result = check_multi_head_attention(candidate)
     assert result.passed, result.message
@@ -210,11 +258,11 @@ def test_correct_answers_pass(candidate):
 
 def test_the_catalog_covers_every_known_mistake_in_the_drill():
     """Each mistake the drill can show (not the exercises' causal and cross ones) is named by a candidate above."""
-    assert len(BUGGY) >= 12
-    for mistake in (m for m in MISTAKES if m.needs not in ("causal", "cross")):
+    assert len(BUGGY) >= 30
+    for mistake in (m for m in MISTAKES if m.needs not in ("causal", "cross") and m.value != "cross"):
         text = describe((mistake,), 12, 3)
         assert any(word in text for _, words in BUGGY.values() for word in words), text
-    for mistake in (m for m in MISTAKES if m.needs in ("causal", "cross")):
+    for mistake in (m for m in MISTAKES if m.needs in ("causal", "cross") or m.value == "cross"):
         text = describe((mistake,), 12, 3)
         assert any(word in text for _, _, words in EXERCISES.values() for word in words), text
 
@@ -258,6 +306,15 @@ class Params(nn.Module):
         return x
 
 
+class MHAInside(nn.Module):
+    def __init__(self, d_model, num_heads):
+        super().__init__()
+        self.attn = nn.MultiheadAttention(d_model, num_heads, batch_first=True)
+
+    def forward(self, x, mask=None):
+        return self.attn(x, x, x, need_weights=False)[0]
+
+
 class Narrow(Separate):
     def __init__(self, d_model, num_heads):
         super().__init__(d_model, num_heads)
@@ -287,8 +344,10 @@ ODD = {
                                                             "at line", "raise ValueError"]),
     "no super().__init__()": (NoSuper, ["raised AttributeError", "call super().__init__() first"]),
     "no forward (dedented)": (NoForward, ["NoForward has no forward method", "indented"]),
-    "raw parameters": (Params, ["found no nn.Linear layer, only the parameters W_q (12, 12)"]),
-    "W_q too narrow": (Narrow, ["`W_q` = nn.Linear(12, 4) is applied to x", "found W_q = Linear(12 → 4), W_k"]),
+    "raw parameters": (Params, ["found no nn.Linear layer, only the parameters W_q (12, 12)",
+                                "The drill's contract: the projections are nn.Linear layers"]),
+    "W_q too narrow": (Narrow, ["forward(x) raised RuntimeError", "W_q = Linear(12 → 4), W_k = Linear(12 → 12)",
+                                "q, k, v and the output projection need 3 × 12 + 12 = 48"]),
     "returns None": (bug(forward=lambda self, x, mask=None: None), ["forward(x) returned None", "`return`"]),
     "returns three things": (bug(forward=lambda self, x, mask=None: (x, x, x)),
                              ["tuple of 3 items ((2, 5, 12), (2, 5, 12), (2, 5, 12)), 3 of them of shape (B, T, D)"]),
@@ -307,7 +366,9 @@ ODD = {
     "a (B, T, T) mask expected": (bug(forward=_add_head_axis), ["Given the same mask as (B, T, T), your forward is "
                                                                 "right", "do not add a head axis"]),
     "NaN everywhere": (bug(forward=lambda self, x, mask=None: Separate.forward(self, x, mask) * float("nan")),
-                       ["matches none of the known mistakes", "It contains NaN", "(B, H, T, Dh) = (2, 3, 5, 4)"]),
+                       ["forward(x) returns NaN, with no mask at all (first at sequence 0, position 0, feature 0)"]),
+    "nn.MultiheadAttention inside": (MHAInside, ["holds an nn.MultiheadAttention", "write multi-head attention "
+                                                 "yourself", "True = ignore"]),
 }
 
 
@@ -361,6 +422,18 @@ class Weights(Separate):
         return self.W_o(self.merge(w @ v)), w
 
 
+def _causal_too(self, s, mask):  # a causal (T, S) mask on every call, cross-attention included
+    causal = torch.ones(s.shape[-2:], dtype=torch.bool).tril()
+    return Separate.masked(self, s, causal if mask is None else mask & causal)
+
+
+def _cross_causal(self, x, context=None, mask=None):  # causal only when there is a context
+    if context is not None:
+        causal = torch.ones(x.shape[1], context.shape[1], dtype=torch.bool).tril()
+        mask = causal if mask is None else mask & causal
+    return Cross.forward(self, x, context, mask)
+
+
 def _scores_not_weights(self, x, mask=None):
     q, k, v = (self.split(W(x)) for W in (self.W_q, self.W_k, self.W_v))
     s = self.masked(self.scores(q, k), mask)  # (B, H, T, T): the scores, before the softmax
@@ -395,6 +468,26 @@ EXERCISES = {
                          bug(Weights, forward=lambda self, x, mask=None: (Weights.forward(self, x, mask)[0],
                                                                          Weights.forward(self, x, mask)[1].mean(1))),
                          ["averaged over the heads"]),
+    "one head's weights": (check_multi_head_weights,
+                           bug(Weights, forward=lambda self, x, mask=None: (Weights.forward(self, x, mask)[0],
+                                                                           Weights.forward(self, x, mask)[1][:, 0])),
+                           ["the attention weights of head 0 only"]),
+    "weights transposed": (check_multi_head_weights,
+                           bug(Weights, forward=lambda self, x, mask=None: (Weights.forward(self, x, mask)[0],
+                                                                           Weights.forward(self, x, mask)[1].mT)),
+                           ["the attention weights transposed, (B, H, S, T)"]),
+    "triu as the allowed part": (check_causal_multi_head_attention,
+                                 bug(Causal, causal=lambda self, T: torch.ones(T, T, dtype=torch.bool).triu()),
+                                 ["torch.triu as the allowed part"]),
+    "mask | causal": (check_causal_multi_head_attention,
+                      bug(Causal, forward=lambda self, x, mask=None, is_causal=False: Separate.forward(
+                          self, x, mask | self.causal(x.shape[1]) if is_causal and mask is not None else
+                          self.causal(x.shape[1]) if is_causal else mask)),
+                      ["mask | causal"]),
+    "a causal mask on every call": (check_cross_attention, bug(Cross, masked=_causal_too),
+                                    ["a causal mask on every call", "in cross-attention a query may see every"]),
+    "a causal mask in cross-attention": (check_cross_attention, bug(Cross, forward=_cross_causal),
+                                         ["a causal mask in cross-attention: each query may see every position"]),
     "scores, not weights": (check_multi_head_weights, bug(Weights, forward=_scores_not_weights),
                             ["not the probabilities applied to v", "rows do not sum to 1"]),
 }

@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from attnlib.drill import main
+
 ROOT = Path(__file__).resolve().parents[1]
 GOOD = '''\
 import math
@@ -51,12 +53,17 @@ def answer(mask: str = "~mask") -> str:
     return GOOD.replace("{fill}", MASKED.replace("{m}", mask))
 
 
+LOOP = "\nwhile True:\n    pass\n"
+OLDER = answer().replace("class Attention", "class AttentionV1").replace(" / math.sqrt(D // self.heads)", "")
+
+
 def drill(*args: str, **kwargs) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     return subprocess.run([sys.executable, "-m", "attnlib.drill", *args], capture_output=True, text=True,
                           env=env, timeout=120, **kwargs)
 
 
+# main() in this process: each check runs in a forked child (no new interpreter), so these are quick
 @pytest.mark.parametrize("source, name, code, words", [
     (answer(), None, 0, ["PASSED", "`to_qkv` (fused, laid out [q | k | v]) and `to_out`"]),
     (answer("mask"), None, 1, ["FAILED", "an inverted mask"]),
@@ -64,22 +71,57 @@ def drill(*args: str, **kwargs) -> subprocess.CompletedProcess:
     (answer().replace("def forward(self, x, mask=None):", "def forward(self, x, mask=None)"), None, 2,
      ["line 12: SyntaxError", "def forward(self, x, mask=None)"]),
     ("import torch\n", None, 2, ["no nn.Module class"]),
-    (answer() + HELPER, None, 2, ["several nn.Module classes (Attention, Helper, Outer)", "--name"]),
+    (answer() + HELPER, None, 0, ["PASSED", "checked Outer; the file's other classes, Attention, Helper"]),
     (answer() + HELPER, "Outer", 0, ["PASSED"]),
     (answer(), "Missing", 2, ["no class Missing", "it defines: Attention"]),
+    # issue 28: a fixed class and an older attempt beside it: which one? The reader says, with --name
+    (answer() + "\n\n" + OLDER, None, 2, ["2 classes that could be the answer (Attention, AttentionV1)", "--name"]),
+    (answer() + "\n\n" + OLDER, "AttentionV1", 1, ["FAILED", "no scale"]),
+    # issue 28: sys.exit() at the top of the file is a failure that says so, never a silent pass
+    ("import sys\nsys.exit()\n" + answer(), None, 1, ["FAILED", "called sys.exit() at line 2", "__main__"]),
+    ("import sys\nsys.exit(0)\n" + answer(), None, 1, ["FAILED", "called sys.exit(0) at line 2"]),
+    ("raise SystemExit\n" + answer(), None, 1, ["FAILED", "called sys.exit() at line 1: `raise SystemExit`"]),
+    ("import os\nos._exit(0)\n" + answer(), None, 1, ["FAILED", "ended without a verdict", "status 0", "os._exit"]),
+    # issue 28: a loop at import, in __init__, in forward: stopped and named, with the line
+    (LOOP + answer(), None, 1, ["FAILED", "loading", "did not finish within 0.5 s", "at line 2: `while True:`"]),
+    (answer().replace("super().__init__()", "super().__init__()\n        while True:\n            pass"), None, 1,
+     ["FAILED", "Attention(dim=12, heads=3) did not return within 0.5 s", "`while True:`"]),
+    (answer().replace("B, T, D = x.shape", "import time; time.sleep(60)"), None, 1,
+     ["FAILED", "forward(x) did not return within 0.5 s", "time.sleep(60)"]),
+    # code that ignores the timer's signal is stopped all the same; a process that stops itself, by the parent
+    ("import signal\n" + answer().replace("B, T, D = x.shape", "signal.signal(signal.SIGALRM, signal.SIG_IGN)\n"
+                                          "        while True:\n            pass"), None, 1,
+     ["FAILED", "forward(x) did not return within 0.5 s"]),
+    ("import os, signal\nos.kill(os.getpid(), signal.SIGSTOP)\n" + answer(), None, 1,
+     ["FAILED", "did not finish within 7 s and was stopped", "kept running past the time limit of 0.5 s"]),
+    # torch's global state changed while the file loads; prints are not shown
+    ("import torch\ntorch.set_default_dtype(torch.float64)\n" + answer(), None, 1,
+     ["FAILED", "loading", "called torch.set_default_dtype(torch.float64)"]),
+    ('print("hello from the file")\n' + answer().replace("B, T, D = x.shape", 'print("in forward"); B, T, D = x.shape'),
+     None, 0, ["PASSED"]),
 ])
-def test_check_exit_codes(tmp_path, source, name, code, words):
+def test_check_exit_codes(tmp_path, capsys, source, name, code, words):
     path = tmp_path / "answer.py"
     path.write_text(source)
-    done = drill("check", str(path), *(["--name", name] if name else []))
-    assert done.returncode == code, (done.stdout, done.stderr)
+    assert main(["check", str(path), "--seconds", "0.5", *(["--name", name] if name else [])]) == code
+    out, err = capsys.readouterr()
     for word in words:
-        assert word in done.stdout + done.stderr, (word, done.stdout, done.stderr)
+        assert word in out + err, (word, out, err)
+    assert "hello" not in out + err and "in forward" not in out + err
 
 
-def test_check_a_missing_file_is_a_usage_problem(tmp_path):
-    done = drill("check", str(tmp_path / "nope.py"))
-    assert done.returncode == 2 and "no such file" in done.stderr
+def test_check_from_a_terminal(tmp_path):
+    """`python -m attnlib.drill check` end to end: exit 0 on a pass, 1 on a failure, the verdict printed."""
+    path = tmp_path / "answer.py"
+    for source, code, word in ((answer(), 0, "PASSED"), (answer("mask"), 1, "an inverted mask")):
+        path.write_text(source)
+        done = drill("check", str(path))
+        assert done.returncode == code and word in done.stdout, (done.stdout, done.stderr)
+
+
+def test_check_a_missing_file_is_a_usage_problem(tmp_path, capsys):
+    assert main(["check", str(tmp_path / "nope.py")]) == 2
+    assert "no such file" in capsys.readouterr().err
 
 
 @pytest.fixture

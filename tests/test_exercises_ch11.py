@@ -46,7 +46,9 @@ def test_shift_right_accepts_correct_answers(answer):
     (lambda t, bos: torch.cat([t[:, 1:], torch.full_like(t[:, :1], bos)], 1), ["BOS at the end"]),
     (lambda t, bos: torch.cat([torch.full_like(t[:1], bos), t[:-1]], 0), ["batch axis (dim=0)"]),
     (lambda t, bos: F.pad(t, (1, 0), value=bos)[:, :-1].float(), ["torch.float32", "must be integers"]),
-    (lambda t, bos: F.pad(t, (1, 0), value=0)[:, :-1], ["max abs difference", "none of the usual mistakes"]),
+    (lambda t, bos: F.pad(t, (1, 0), value=0)[:, :-1], ["position 0 holds 0, not bos = 1", "bos argument is ignored"]),
+    (lambda t, bos: torch.cat([torch.full_like(t[:, :2], bos), t[:, :-2]], 1), ["a shift by two positions"]),
+    (lambda t, bos: F.pad(t, (1, 0), value=bos)[:, :-1] * (torch.arange(6) != 3), ["position 3 is not", "max abs"]),
 ])
 def test_shift_right_names_the_mistake(buggy, phrases):
     assert_names(check_shift_right(buggy), *phrases)
@@ -121,6 +123,24 @@ def memory_asks(x, memory, self_attn, cross_attn, ffn, norm1, norm2, norm3):
     return norm3(h + ffn(h))
 
 
+def ffn_before_cross(x, memory, self_attn, cross_attn, ffn, norm1, norm2, norm3):
+    h = norm1(x + self_attn(x))
+    h = norm2(h + ffn(h))
+    return norm3(h + cross_attn(h, memory))
+
+
+def norm1_three_times(x, memory, self_attn, cross_attn, ffn, norm1, norm2, norm3):
+    h = norm1(x + self_attn(x))
+    h = norm1(h + cross_attn(h, memory))
+    return norm1(h + ffn(h))
+
+
+def cross_on_block_input(x, memory, self_attn, cross_attn, ffn, norm1, norm2, norm3):
+    h = norm1(x + self_attn(x))
+    h = norm2(h + cross_attn(x, memory))
+    return norm3(h + ffn(h))
+
+
 def norms_reversed(x, memory, self_attn, cross_attn, ffn, norm1, norm2, norm3):
     return block_plain(x, memory, self_attn, cross_attn, ffn, norm3, norm2, norm1)
 
@@ -133,7 +153,11 @@ def norms_reversed(x, memory, self_attn, cross_attn, ffn, norm1, norm2, norm3):
     (cross_on_itself, ["cross_attn(h, h)", "come from the memory"]),
     (memory_asks, ["raised ValueError", "roles swapped", "cross_attn(h, memory)"]),
     (norms_reversed, ["norms in the wrong places"]),
-    (lambda x, m, sa, ca, ffn, n1, n2, n3: n3(ffn(ca(sa(x), m))), ["matches none of the usual mistakes"]),
+    (ffn_before_cross, ["the sublayers in the order self-attention, the FFN, cross-attention"]),
+    (norm1_three_times, ["norm1 after every sublayer"]),
+    (cross_on_block_input, ["cross-attention's queries taken from the block's input x"]),
+    (lambda x, m, sa, ca, ffn, n1, n2, n3: n3(ffn(n2(ca(n1(sa(x)), m)))), ["no residuals at all"]),
+    (lambda x, m, sa, ca, ffn, n1, n2, n3: n3(ffn(ca(sa(x), m))), ["is wrong: max abs difference"]),
     (lambda x, m, sa, ca, ffn, n1, n2, n3: x[:, :-1], ["has shape (2, 4, 16), expected (2, 5, 16)"]),
 ])
 def test_decoder_block_names_the_mistake(buggy, phrases):
@@ -193,6 +217,12 @@ def kv_no_transpose(attn, memory):
     return k.reshape(B, attn.num_heads, S, -1), v.reshape(B, attn.num_heads, S, -1)
 
 
+def kv_strided(attn, memory):
+    _, k, v = attn.qkv(memory).chunk(3, dim=-1)
+    B, S, D = k.shape
+    return tuple(t.view(B, S, -1, attn.num_heads).permute(0, 3, 1, 2) for t in (k, v))
+
+
 @pytest.mark.parametrize("buggy, phrases", [
     (lambda a, m: kv_sliced(a, m)[::-1], ["keys and values swapped"]),
     (kv_query_rows, ["the query rows 0..D", "[W_q; W_k; W_v]"]),
@@ -201,6 +231,10 @@ def kv_no_transpose(attn, memory):
     (lambda a, m: a.qkv(m).chunk(3, dim=-1)[1:], ["heads not split"]),
     (lambda a, m: tuple(t.transpose(1, 2) for t in kv_sliced(a, m)), ["left after the sequence axis"]),
     (lambda a, m: kv_sliced(a, m)[0], ["should return a pair (k, v), got Tensor"]),
+    (lambda a, m: (kv_sliced(a, m)[0] / (a.d_model // a.num_heads) ** 0.5, kv_sliced(a, m)[1]),
+     ["k divided by sqrt(d_k)"]),
+    (kv_strided, ["heads split as view(B, S, Dh, H)"]),
+    (lambda a, m: (kv_sliced(a, m)[0], kv_sliced(a, m)[1] * 2), ["v is wrong: it is the expected result times 2"]),
 ])
 def test_memory_kv_names_the_mistake(buggy, phrases):
     assert_names(check_memory_kv(buggy), *phrases)

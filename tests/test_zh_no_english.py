@@ -49,7 +49,7 @@ def _cited_authors() -> set[str]:
 NAMES = _cited_authors() | {
     "Adam", "Bahdanau", "Falcon", "Glorot", "Hugging", "Face", "Jupyter", "Kaiming", "Llama", "Meta",
     "Mistral", "Python", "Swish", "Toeplitz", "Transformer", "Transformers", "Triton", "Xavier",
-    "Annotated",
+    "Annotated", "Megatron", "fairseq",  # codebases whose style an interview answer borrows (chapter 10)
     "True", "False", "None",  # Python's constants, written as in code
     "Dh", "Dv",  # the book's dimension letters for the head width (DESIGN: B, H, H_kv, T, S, D, Dh)
     "attention-book",  # the book's author line

@@ -20,6 +20,8 @@ from dataclasses import dataclass
 
 import torch
 
+from attnlib.exercises._guard import TimeLimit, changed_state, seconds, time_limit
+
 __all__ = ["CheckResult", "CandidateError", "checker", "run", "as_tensor", "full_precision", "expect_close",
            "matching"]
 
@@ -107,7 +109,8 @@ def _hint(exc: BaseException) -> str:
 
 
 def run(candidate: Callable, *args, what: str = "your function", **kwargs):
-    """Call the reader's code; turn its exceptions into CandidateError (NotImplementedError: not attempted).
+    """Call the reader's code under a time limit; turn its exceptions into CandidateError (NotImplementedError:
+    not attempted), and so a hang, sys.exit() and any change it leaves in torch's global state (_guard).
 
     A candidate that changes a tensor or list argument in place is a CandidateError too, even when
     its result is right: the caller's data (the scores, the cache) would be silently overwritten.
@@ -118,11 +121,21 @@ def run(candidate: Callable, *args, what: str = "your function", **kwargs):
     copies = [v.detach().clone() if isinstance(v, torch.Tensor) else copy.deepcopy(v) if isinstance(v, list)
               else None for v in values]
     try:
-        result = candidate(*args, **kwargs)
+        with changed_state(what) as changes, time_limit(seconds()):
+            result = candidate(*args, **kwargs)
     except NotImplementedError as exc:
         raise _NotAttempted from exc
-    except (Exception, SystemExit) as exc:  # the reader's bug (even sys.exit()), with its type and line
+    except TimeLimit as exc:
+        raise CandidateError(f"{what} did not return within {seconds():g} s and was stopped{_reader_line(exc)}: "
+                             f"an infinite loop, or a wait that never ends?") from None
+    except SystemExit as exc:
+        raise CandidateError(f"{what} called sys.exit({'' if exc.code is None else repr(exc.code)}) (raised "
+                             f"SystemExit){_reader_line(exc)}: your code must return its result, not end the "
+                             f"program") from None
+    except Exception as exc:  # the reader's bug, with its type and line
         raise CandidateError(f"{what} raised {type(exc).__name__}: {exc}{_reader_line(exc)}{_hint(exc)}") from None
+    if changes:
+        raise CandidateError("; and ".join(changes))
     changed = [name for name, v, c in zip(_arg_names(candidate, args, kwargs), values, copies)
                if c is not None and not _unchanged(c, v)]
     if changed:
@@ -156,8 +169,8 @@ def _close(a: torch.Tensor, b: torch.Tensor, atol: float) -> bool:
     if a.shape != b.shape:
         return False
     a, b = a.detach().double(), b.detach().double()
-    both_nan = torch.isnan(a) & torch.isnan(b)
-    return bool(((a - b).abs() <= atol + atol * b.abs()).logical_or(both_nan).all())
+    same = (a == b) | (torch.isnan(a) & torch.isnan(b))  # inf equals inf, NaN equals NaN
+    return bool(((a - b).abs() <= atol + atol * b.abs()).logical_or(same).all())
 
 
 def matching(got: torch.Tensor, mistakes: Mapping[str, torch.Tensor], atol: float = 1e-5) -> list[str]:

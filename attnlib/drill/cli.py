@@ -3,35 +3,34 @@
     python -m attnlib.drill check FILE [--name CLASS]   # exit 0 passed, 1 failed, 2 usage problem
     python -m attnlib.drill practice FILE [--minutes 5]  # re-checks FILE on every save until it passes
 
-`check` runs attnlib.exercises.check_multi_head_attention on the nn.Module class in FILE (the only one,
-the one no other class uses, or --name). `practice` writes a starter FILE when there is none, prints the
-task, and checks FILE each time it is saved, printing each verdict with the elapsed time m:ss; it ends
-with exit 0 and the time taken against the goal as soon as the answer passes, or exit 1 on Ctrl-C.
+`check` runs check_multi_head_attention on the nn.Module class in FILE (--name, or the one class that
+the file's other classes lead up to; several candidates are a usage problem), in a child process with a
+time limit on each run of the file's code (child.py): a file that loops, exits or crashes gets a failed
+verdict that says so. `practice` writes a starter FILE when there is none, prints the task, and checks
+FILE each time it is saved, printing each verdict with the elapsed time m:ss; it ends with exit 0 and the
+time taken against the goal as soon as the answer passes, or exit 1 on Ctrl-C.
 """
 
 from __future__ import annotations
 
 import argparse
-import inspect
 import signal
 import sys
 import time
-import traceback
-import types
 from pathlib import Path
 
-from torch import nn
+from attnlib.drill.child import check_in_child
+from attnlib.drill.files import LIMIT, UsageError
+from attnlib.exercises._core import CheckResult
 
-from attnlib.exercises import CheckResult, check_multi_head_attention
-
-__all__ = ["main", "load", "check_file", "UsageError"]
+__all__ = ["main"]
 
 TASK = """\
 The interview drill: write multi-head attention from memory.
   class MultiHeadAttention(nn.Module), built as MultiHeadAttention(d_model, num_heads)
   forward(x, mask=None): x (B, T, D); mask None or a bool tensor broadcasting to the scores
-    (B, H, T, T), True = may attend; returns out (B, T, D), or (out, weights)
-  q, k, v and the output projection are nn.Linear layers of any names, separate or fused."""
+    (B, H, T, T), True = may attend; returns out (B, T, D), or (out, attention weights)
+  q, k, v and the output projection are nn.Linear layers of any names and any split."""
 
 STARTER = """\
 {task}
@@ -53,64 +52,6 @@ class MultiHeadAttention(nn.Module):
 """
 
 
-class UsageError(Exception):
-    """No such file, no class to check, or a syntax error: exit status 2."""
-
-
-def load(path: Path) -> types.ModuleType:
-    """Execute the reader's FILE as a fresh module (so that inspect finds its source); UsageError if it cannot."""
-    if not path.is_file():
-        raise UsageError(f"no such file: {path}")
-    source = path.read_text()
-    try:
-        code = compile(source, str(path), "exec")
-    except SyntaxError as exc:
-        line = (exc.text or "").rstrip("\n")
-        raise UsageError(f"{path}, line {exc.lineno}: SyntaxError: {exc.msg}"
-                         + (f"\n    {line.strip()}" if line.strip() else "")) from None
-    module = types.ModuleType(f"_drill_answer_{path.stem}")
-    module.__file__ = str(path)
-    sys.modules[module.__name__] = module  # inspect.getsource looks the class's module up here
-    exec(code, module.__dict__)  # the reader's own file, run as the reader asked
-    return module
-
-
-def _candidate(module: types.ModuleType, name: str | None) -> object:
-    """The class to check: --name, else the only nn.Module class, else the one no other class uses."""
-    own = {k: v for k, v in vars(module).items() if getattr(v, "__module__", None) == module.__name__}
-    classes = {k: v for k, v in own.items() if inspect.isclass(v) and issubclass(v, nn.Module)}
-    if name is not None:
-        if name not in own:
-            raise UsageError(f"no class {name} in {module.__file__}; it defines: {', '.join(own) or 'nothing'}")
-        return own[name]
-    if not classes:
-        functions = [v for v in own.values() if inspect.isfunction(v)]
-        if len(functions) == 1:
-            return functions[0]  # the checker says the drill asks for a class, and why
-        raise UsageError(f"no nn.Module class in {module.__file__}: the drill asks for class "
-                         f"MultiHeadAttention(nn.Module)")
-    sources = {k: inspect.getsource(v) for k, v in classes.items()}
-    top = [k for k in classes if not any(k in s for other, s in sources.items() if other != k)]
-    if len(classes) == 1 or len(top) == 1:
-        return classes[next(iter(classes))] if len(classes) == 1 else classes[top[0]]
-    raise UsageError(f"{module.__file__} defines several nn.Module classes ({', '.join(classes)}): "
-                     f"choose one with --name")
-
-
-def check_file(path: Path, name: str | None = None) -> CheckResult:
-    """The verdict on FILE; UsageError for a usage problem. Exceptions at import are the reader's: a failure."""
-    try:
-        module = load(path)
-    except UsageError:
-        raise
-    except Exception as exc:  # noqa: BLE001 - the reader's module-level code raised
-        frames = [f for f in traceback.extract_tb(exc.__traceback__) if f.filename == str(path)]
-        where = f" at line {frames[-1].lineno}: `{(frames[-1].line or '').strip()}`" if frames else ""
-        return CheckResult("multi-head attention (the interview drill)", False,
-                           f"{path} raised {type(exc).__name__}: {exc}{where}")
-    return check_multi_head_attention(_candidate(module, name))
-
-
 def _stamp(path: Path) -> tuple[int, int] | None:
     """(mtime in ns, size) of FILE: a save changes it; None while the file is missing."""
     try:
@@ -124,17 +65,17 @@ def _clock(seconds: float) -> str:
     return f"{int(seconds) // 60}:{int(seconds) % 60:02d}"
 
 
-def _verdict(result: CheckResult) -> str:
-    return f"{result.status.upper()}: {result.message}"
+def _verdict(result: CheckResult, note: str = "") -> str:
+    return f"{result.status.upper()}: {result.message}" + (f" ({note})" if note else "")
 
 
 def _check(args: argparse.Namespace) -> int:
     try:
-        result = check_file(Path(args.file), args.name)
+        result, note = check_in_child(Path(args.file), args.name, args.seconds)
     except UsageError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    print(_verdict(result))
+    print(_verdict(result, note))
     return 0 if result.passed else 1
 
 
@@ -157,8 +98,8 @@ def _practice(args: argparse.Namespace) -> int:
             if stamp is not None and stamp != seen:
                 seen, elapsed = stamp, time.monotonic() - start
                 try:
-                    result = check_file(path, args.name)
-                    line = _verdict(result)
+                    result, note = check_in_child(path, args.name, args.seconds)
+                    line = _verdict(result, note)
                 except UsageError as exc:
                     result, line = None, f"ERROR: {exc}"
                 checks, last = checks + 1, line.split(":", 1)[0]
@@ -182,11 +123,9 @@ def main(argv: list[str] | None = None) -> int:
     for p in (check, practice):
         p.add_argument("file", metavar="FILE")
         p.add_argument("--name", metavar="CLASS", help="the class to check, when FILE defines several")
+        p.add_argument("--seconds", type=float, default=LIMIT,
+                       help=f"the time limit of each run of FILE's code (default {LIMIT:g})")
     practice.add_argument("--minutes", type=float, default=5, help="the goal, in minutes (default 5)")
     practice.add_argument("--poll", type=float, default=0.25, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     return _check(args) if args.command == "check" else _practice(args)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,7 +1,7 @@
 """The interview drill's output checks: what the reader's forward returned, and what it should have.
 
 forward returns out (B, T, D), or a tuple in which exactly one element has that shape (the others may be
-the weights (B, H, T, S), in any order); anything else gets a message that says what came back and,
+the attention weights (B, H, T, S), in any order); anything else gets a message that says what came back and,
 for the shapes readers often return by mistake, why.
 """
 
@@ -45,14 +45,14 @@ def unpack(value: object, call: str, x: torch.Tensor, S: int, num_heads: int,
             shapes = ", ".join(fmt_shape(s) if (s := _shape(item)) else type(item).__name__ for item in value)
             raise CandidateError(f"{call} returned a {type(value).__name__} of {len(value)} items ({shapes}), "
                                  f"{len(outs)} of them of shape (B, T, D) = {fmt_shape((B, T, D))}: return out, "
-                                 f"or a tuple with exactly one such tensor, the output (the others may be the weights)")
+                                 f"or a tuple with exactly one such tensor, the output (the others may be the attention weights)")
         i = outs[0] if outs else 0
         rest = [item for j, item in enumerate(value) if j != i]
         weights = next((w for w in rest if _shape(w) == (B, num_heads, T, S)), rest[0] if len(rest) == 1 else None)
         value = value[i]
     elif need_weights:
-        raise CandidateError(f"{call} returned only out: this exercise returns (out, weights), "
-                             f"weights (B, H, T, S) = {fmt_shape((B, num_heads, T, S))}")
+        raise CandidateError(f"{call} returned only out: this exercise returns (out, attention weights), "
+                             f"attention weights (B, H, T, S) = {fmt_shape((B, num_heads, T, S))}")
     out = as_tensor(value, f"the output of {call}")
     if out.shape != x.shape:
         meaning = _shape_mistakes(B, T, S, D, num_heads).get(tuple(out.shape))
@@ -66,24 +66,44 @@ def unpack(value: object, call: str, x: torch.Tensor, S: int, num_heads: int,
     return out, weights
 
 
-def check_weights(weights: object, expected: torch.Tensor, call: str, need_weights: bool) -> bool:
+def _flat_weights(w: torch.Tensor, expected: torch.Tensor) -> str:
+    """What (B, T, S) weights are, given the per-head ones expected (B, H, T, S)."""
+    if matching(w, {"mean": expected.mean(1)}):
+        return "averaged over the heads (as nn.MultiheadAttention returns them by default); return each head's attention weights"
+    head = next((h for h in range(expected.shape[1]) if matching(w, {"": expected[:, h]})), None)
+    if head is not None:
+        return f"the attention weights of head {head} only; return every head's"
+    return "one matrix for all heads; return each head's attention weights"
+
+
+def check_weights(weights: object, expected: torch.Tensor, call: str, need_weights: bool,
+                  unmasked: torch.Tensor | None = None) -> bool:
     """Check the weights the reader returned against `expected` (B, H, T, S); True if they were checked.
 
     In the drill, weights of another shape (torch's head average (B, T, S), say) are not checked;
     in the exercise that asks for them, they must be the per-head probabilities applied to v.
+    `unmasked`: the weights without the call's mask, to name weights returned before masking.
     """
     if weights is None or (not need_weights and _shape(weights) != tuple(expected.shape)):
         return False
     B, H, T, S = expected.shape
-    w = as_tensor(weights, f"the weights returned by {call}")
+    w = as_tensor(weights, f"the attention weights returned by {call}")
     if w.shape != expected.shape:
-        hint = {(B, T, S): ": averaged over the heads; return each head's weights",
+        hint = {(B, T, S): f": {_flat_weights(w, expected)}",
                 (B, T, H, S): ": return them as (B, H, T, S)"}.get(tuple(w.shape), "")
-        raise CandidateError(f"the weights returned by {call} have shape {fmt_shape(w.shape)}{hint}; "
+        raise CandidateError(f"the attention weights returned by {call} have shape {fmt_shape(w.shape)}{hint}; "
                              f"expected (B, H, T, S) = {fmt_shape(expected.shape)}")
-    if not matching(w, {"expected": expected}):
-        hint = ("" if matching(w.sum(-1), {"sums": expected.sum(-1)}) else
-                " (their rows do not sum to 1: the scores before the softmax?)")
-        raise CandidateError(f"the weights returned by {call} are not the probabilities applied to v, "
-                             f"softmax(Q Kᵀ / sqrt(d_k)) with the mask, per head{hint}")
-    return True
+    if matching(w, {"expected": expected}):
+        return True
+    known = {"the average over the heads, repeated for every head: return each head's own attention weights":
+             expected.mean(1, keepdim=True).expand_as(expected)}
+    if T == S:
+        known["the attention weights transposed, (B, H, S, T): one row per key; return softmax(...) as it is, one row per "
+              "query"] = expected.transpose(-2, -1)
+    if unmasked is not None:
+        known["the attention weights of the scores before the mask: return the probabilities applied to v, with the mask"] = unmasked
+    found = matching(w, known)
+    hint = (f": {found[0]}" if found else "" if matching(w.sum(-1), {"sums": expected.sum(-1)}) else
+            " (their rows do not sum to 1: the scores before the softmax?)")
+    raise CandidateError(f"the attention weights returned by {call} are not the probabilities applied to v, "
+                         f"softmax(Q Kᵀ / sqrt(d_k)) with the mask, per head{hint}")
