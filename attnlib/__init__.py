@@ -8,7 +8,8 @@ from attnlib import masks, positional
 from attnlib.attention import attention, softmax
 from attnlib.decoder import LlamaDecoder
 from attnlib.encoder import mean_pool
-from attnlib.kv_cache import KVCache, generate
+from attnlib.generation import generate
+from attnlib.kv_cache import KVCache
 from attnlib.mha import MultiHeadAttention
 from attnlib.minilm import load_minilm
 from attnlib.tiled import tiled_attention

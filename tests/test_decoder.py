@@ -229,3 +229,15 @@ def test_from_hf_refuses_what_it_does_not_model():
     scaled = tiny_llama(layers=1, rope_parameters={"rope_type": "linear", "factor": 2.0, "rope_theta": 1e4})
     with pytest.raises(ValueError, match=r"only plain RoPE and SiLU are modelled, got rope_type='linear'"):
         LlamaDecoder.from_hf(scaled)
+
+
+@pytest.mark.parametrize("tied", [True, False])
+def test_from_hf_ties_lm_head_to_the_embedding_as_the_model_does(tied):
+    hf = tiny_llama(8, 2, layers=2, tie_word_embeddings=tied)
+    dec = LlamaDecoder.from_hf(hf)
+    assert dec.tie_word_embeddings is tied and (dec.lm_head.weight is dec.embed.weight) is tied
+    assert sum(p.numel() for p in dec.parameters()) == sum(p.numel() for p in hf.parameters())
+    with torch.no_grad():
+        torch.testing.assert_close(dec(ids(2, 6)), hf(ids(2, 6)).logits, rtol=0, atol=1e-5)
+        dec.embed.weight[5] += 1.0                                 # tied: the output layer moves with it
+    assert torch.equal(dec.lm_head.weight[5], dec.embed.weight[5]) is tied
