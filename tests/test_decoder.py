@@ -241,3 +241,13 @@ def test_from_hf_ties_lm_head_to_the_embedding_as_the_model_does(tied):
         torch.testing.assert_close(dec(ids(2, 6)), hf(ids(2, 6)).logits, rtol=0, atol=1e-5)
         dec.embed.weight[5] += 1.0                                 # tied: the output layer moves with it
     assert torch.equal(dec.lm_head.weight[5], dec.embed.weight[5]) is tied
+
+
+def test_matrices_are_stored_column_major_and_loading_keeps_it(pair):
+    hf, dec = pair
+    for name, p in dec.named_parameters():
+        if p.dim() == 2:                                           # weight.t() contiguous: (in, out) rows
+            assert p.t().is_contiguous() and not p.is_contiguous(), name
+    ours = dec.to(torch.float64)
+    assert all(p.t().is_contiguous() for p in ours.parameters() if p.dim() == 2)
+    ours.to(torch.float32)
