@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from attnlib.decoder import LlamaDecoder, rms_norm
-from attnlib.kv_cache import KVCache
+from attnlib.kv_cache import KVCache, check_cache
 
 __all__ = ["DecodeStep"]
 
@@ -30,7 +30,7 @@ class DecodeStep:
 
     def __init__(self, decoder: LlamaDecoder, cache: KVCache, real: torch.Tensor | None, total: int) -> None:
         B, past = cache.batch_size, cache.seq_len
-        decoder._past_length(cache, B)  # the checks forward runs: this model's cache, one length
+        check_cache(cache, len(decoder.blocks), B)  # the checks forward runs: this model's cache, one length
         attn = decoder.blocks[0].attn
         self.H, self.H_kv, self.eps = attn.num_heads, attn.num_kv_heads, decoder.norm.eps
         self.gqa = attn.num_heads > attn.num_kv_heads

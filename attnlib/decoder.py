@@ -17,7 +17,7 @@ from torch import nn
 from attnlib import masks as _masks
 from attnlib._checks import fmt_shape, require_tensor
 from attnlib._hf_llama import decoder_kwargs, hf_tensor
-from attnlib.kv_cache import Cache, check_token_ids
+from attnlib.kv_cache import Cache, check_cache, check_token_ids
 from attnlib.mha import MultiHeadAttention
 from attnlib.positional import RotaryEmbedding
 
@@ -93,13 +93,19 @@ class LlamaBlock(nn.Module):
         self.mlp = SwiGLU(d_model, d_ff, mlp_bias)
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None, cache: Cache | None,
-                rope: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+                rope: tuple[torch.Tensor, torch.Tensor], weights: list | None = None) -> torch.Tensor:
         """x (B, T, D) -> (B, T, D); causal attention over the cache and the T new tokens.
 
         rope: the (cos, sin) of the T tokens' positions. One new token may see every cached key, so
-        its (bottom-right) causal mask is all True: skipped.
+        its (bottom-right) causal mask is all True: skipped. `weights`, if a list, receives the
+        attention weights (B, H, T, S).
         """
-        x = x + self.attn(self.attn_norm(x), mask=mask, is_causal=x.shape[1] > 1, cache=cache, rope=rope)
+        h = self.attn(self.attn_norm(x), mask=mask, is_causal=x.shape[1] > 1, cache=cache, rope=rope,
+                      need_weights=weights is not None)
+        if weights is not None:
+            h, w = h
+            weights.append(w)
+        x = x + h
         return x + self.mlp(self.mlp_norm(x))
 
 
@@ -136,26 +142,6 @@ class LlamaDecoder(nn.Module):
     def tie_word_embeddings(self) -> bool:
         return self.lm_head.weight is self.embed.weight
 
-    def _past_length(self, cache: Cache | None, B: int) -> int:
-        """Positions already cached; a cache that belongs to another model or batch is an error."""
-        if cache is None:
-            return 0
-        if not isinstance(cache, Cache):
-            raise TypeError(f"cache must be an attnlib.KVCache, got {type(cache).__name__} (or another cache that "
-                            f"keeps attnlib.kv_cache.Cache's contract: update, seq_len, get_seq_len, batch_size, "
-                            f"len, nbytes)")
-        new = f"start a new {type(cache).__name__}"
-        if len(cache) not in (0, len(self.blocks)):
-            raise ValueError(f"the cache holds {len(cache)} layers but this decoder has {len(self.blocks)}: "
-                             f"a cache belongs to one model; {new}")
-        if len(cache) and cache.batch_size != B:
-            raise ValueError(f"the cache holds a batch of B={cache.batch_size} sequences, got input_ids "
-                             f"with B={B}: a cache belongs to one batch; {new}")
-        if len({cache.get_seq_len(i) for i in range(len(cache))}) > 1:
-            raise ValueError(f"the cache's layers hold different lengths (an earlier call failed "
-                             f"half-way); {new}")
-        return cache.seq_len
-
     def _positions(self, B: int, T: int, past: int, attention_mask: torch.Tensor | None,
                    device: torch.device) -> tuple[torch.Tensor, torch.Tensor | None]:
         """positions (T,) or (B, T) of the new tokens and the padding mask (B, 1, 1, past + T) or None.
@@ -180,23 +166,26 @@ class LlamaDecoder(nn.Module):
         return positions, mask
 
     def forward(self, input_ids: torch.Tensor, cache: Cache | None = None, *,
-                attention_mask: torch.Tensor | None = None, last_only: bool = False) -> torch.Tensor:
+                attention_mask: torch.Tensor | None = None, last_only: bool = False,
+                need_weights: bool = False) -> torch.Tensor | tuple[torch.Tensor, list[torch.Tensor]]:
         """input_ids (B, T) -> logits (B, T, vocab) (or (B, 1, vocab) for the last token, last_only).
 
         With a cache, the T tokens continue the cached ones (positions from cache.seq_len) and
         their keys and values are appended. attention_mask (B, past + T), 1 = real token.
+        need_weights=True also returns each layer's attention weights (B, H, T, S): (logits, [L of them]).
         """
         B, T = check_token_ids(input_ids).shape
         (lo, hi), V = (int(m) for m in torch.aminmax(input_ids)), self.embed.num_embeddings
         if lo < 0 or hi >= V:
             raise ValueError(f"input_ids holds token id {lo if lo < 0 else hi}, outside [0, vocab_size={V})")
-        past = self._past_length(cache, B)
+        past = check_cache(cache, len(self.blocks), B)
         positions, mask = self._positions(B, T, past, attention_mask, input_ids.device)
         rope = self.rotary.cos_sin(positions)                          # (T, Dh) or (B, T, Dh), every layer
-        x = self.embed(input_ids)                                      # (B, T, D)
+        x, weights = self.embed(input_ids), [] if need_weights else None  # (B, T, D)
         for block in self.blocks:
-            x = block(x, mask, cache, rope)
-        return self.lm_head(self.norm(x[:, -1:] if last_only else x))  # (B, T or 1, vocab)
+            x = block(x, mask, cache, rope, weights)
+        logits = self.lm_head(self.norm(x[:, -1:] if last_only else x))  # (B, T or 1, vocab)
+        return (logits, weights) if need_weights else logits
 
     @classmethod
     def from_hf(cls, model: nn.Module) -> LlamaDecoder:

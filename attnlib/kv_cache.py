@@ -15,7 +15,7 @@ import torch
 
 from attnlib._checks import fmt_shape, require_float_tensor, require_tensor
 
-__all__ = ["Cache", "KVCache", "cache_bytes"]
+__all__ = ["Cache", "KVCache", "cache_bytes", "check_cache"]
 
 
 def cache_bytes(num_layers: int, num_kv_heads: int, head_dim: int, seq_len: int, *,
@@ -161,3 +161,25 @@ def check_token_ids(input_ids: object) -> torch.Tensor:
         raise ValueError(f"input_ids of shape {fmt_shape(input_ids.shape)} and dtype {input_ids.dtype} "
                          f"is not (B, T) integer token ids with T >= 1")
     return input_ids
+
+
+def check_cache(cache: object, num_layers: int, B: int) -> int:
+    """Positions `cache` holds for a model of num_layers layers fed a batch of B sequences (0 for None);
+    a TypeError for an object without the Cache contract, a ValueError for another model's or batch's."""
+    if cache is None:
+        return 0
+    if not isinstance(cache, Cache):
+        raise TypeError(f"cache must be an attnlib.KVCache, got {type(cache).__name__} (or another cache that "
+                        f"keeps attnlib.kv_cache.Cache's contract: update, seq_len, get_seq_len, batch_size, "
+                        f"len, nbytes)")
+    new = f"start a new {type(cache).__name__}"
+    if len(cache) not in (0, num_layers):
+        raise ValueError(f"the cache holds {len(cache)} layers but this decoder has {num_layers}: "
+                         f"a cache belongs to one model; {new}")
+    if len(cache) and cache.batch_size != B:
+        raise ValueError(f"the cache holds a batch of B={cache.batch_size} sequences, got input_ids "
+                         f"with B={B}: a cache belongs to one batch; {new}")
+    if len({cache.get_seq_len(i) for i in range(len(cache))}) > 1:
+        raise ValueError(f"the cache's layers hold different lengths (an earlier call failed "
+                         f"half-way); {new}")
+    return cache.seq_len

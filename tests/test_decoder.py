@@ -251,3 +251,22 @@ def test_matrices_are_stored_column_major_and_loading_keeps_it(pair):
     ours = dec.to(torch.float64)
     assert all(p.t().is_contiguous() for p in ours.parameters() if p.dim() == 2)
     ours.to(torch.float32)
+
+
+def test_need_weights_returns_each_layers_attention_weights_as_transformers(pair):
+    hf, dec = pair
+    x = ids(2, 9)
+    with torch.no_grad():
+        logits, weights = dec(x, need_weights=True)
+        theirs = hf(x, output_attentions=True)
+    torch.testing.assert_close(logits, dec(x), rtol=0, atol=1e-5)   # another attention kernel: rounding
+    assert len(weights) == len(theirs.attentions) == 4
+    for ours_w, their_w in zip(weights, theirs.attentions):
+        assert ours_w.shape == (2, 8, 9, 9)                        # (B, H, T, S): per query head
+        torch.testing.assert_close(ours_w, their_w, rtol=0, atol=1e-5)
+        assert torch.equal(ours_w.triu(1), torch.zeros_like(ours_w))  # causal
+    cache = KVCache()
+    with torch.no_grad():
+        dec(x[:, :5], cache)
+        _, late = dec(x[:, 5:], cache, need_weights=True)         # 4 new queries over 9 keys
+    torch.testing.assert_close(late[2], weights[2][:, :, 5:], rtol=0, atol=1e-5)
