@@ -122,7 +122,7 @@ def generate(decoder: torch.nn.Module, input_ids: torch.Tensor, max_new_tokens: 
     """input_ids (B, T) -> (B, T + n), n <= max_new_tokens: the prompt, then the tokens chosen.
 
     Greedy (argmax) unless do_sample, which draws with sample_logits (temperature, top_k, top_p,
-    generator). attention_mask (B, T), 1 = real token, allows a left-padded batch. cache: the cache
+    generator: without do_sample, setting them is an error, not ignored). attention_mask (B, T), 1 = real token, allows a left-padded batch. cache: the cache
     to fill (default a new KVCache; any attnlib.kv_cache.Cache). A row that has produced an
     eos_token_id produces only that token afterwards; the loop stops once every row has.
     """
