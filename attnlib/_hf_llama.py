@@ -1,6 +1,9 @@
-"""Where each parameter of a LlamaDecoder lives in a transformers LlamaForCausalLM's state dict."""
+"""A transformers LlamaForCausalLM in LlamaDecoder's terms: its constructor arguments from the config,
+and where each of its parameters lives in the model's state dict."""
 
 from __future__ import annotations
+
+from typing import Any
 
 import torch
 
@@ -22,3 +25,20 @@ def hf_tensor(theirs: dict[str, torch.Tensor], name: str) -> torch.Tensor:
     if module in _STACKED:
         return torch.cat([theirs[f"{prefix}{part}.{kind}"] for part in _STACKED[module]])
     return theirs[f"{prefix}{_RENAMED[module]}.{kind}"]
+
+
+def decoder_kwargs(c: Any) -> dict[str, Any]:
+    """LlamaDecoder's constructor arguments from a transformers LlamaConfig; what it does not model is an error."""
+    rope = dict(getattr(c, "rope_parameters", None) or {})
+    if rope.get("rope_type", "default") != "default" or c.hidden_act != "silu":
+        raise ValueError(f"only plain RoPE and SiLU are modelled, got rope_type="
+                         f"{rope.get('rope_type')!r}, hidden_act={c.hidden_act!r}")
+    head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
+    if c.hidden_size != c.num_attention_heads * head_dim:
+        raise ValueError(f"head_dim={head_dim} differs from hidden_size / num_attention_heads = "
+                         f"{c.hidden_size} / {c.num_attention_heads}: not modelled by attnlib")
+    return dict(vocab_size=c.vocab_size, d_model=c.hidden_size, num_layers=c.num_hidden_layers,
+                num_heads=c.num_attention_heads, num_kv_heads=c.num_key_value_heads, d_ff=c.intermediate_size,
+                max_position_embeddings=c.max_position_embeddings, rope_base=rope.get("rope_theta", 10000.0),
+                eps=c.rms_norm_eps, attention_bias=c.attention_bias, mlp_bias=c.mlp_bias,
+                tie_word_embeddings=bool(getattr(c, "tie_word_embeddings", False)))

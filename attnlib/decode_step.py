@@ -6,19 +6,32 @@ lookups, the input checks that every layer repeats) costs about as much as the o
 (`benchmarks/bench_decode.py`). `DecodeStep` does once, when it is built, what LlamaDecoder.forward
 redoes at every call: it checks the cache against the model, collects each layer's weights, and
 sizes the cache and the rotary table for every step to come. A step then runs the operations of
-LlamaBlock and MultiHeadAttention, in the same order, on plain tensors: its logits are bit-identical
-to LlamaDecoder.forward's (tests/test_decode_step.py).
+LlamaBlock and MultiHeadAttention, in the same order, on plain tensors.
+
+A step is memory-bound: each matrix is read once for a few rows (chapter 12). A large float32 matrix
+(PACK_MIN elements or more) is therefore multiplied by oneDNN's kernel for a weight prepacked in its
+own layout, which reads it with every thread (about 1.5x the bytes per second of torch.mm's
+matrix-vector product here, at 2 threads) but costs ~10 us more per call; the packed copy is made at
+the first step and kept while the weight is unchanged. Smaller matrices go through torch.mm exactly
+as F.linear does, so the logits of a small model are bit-identical to LlamaDecoder.forward's, and
+those of a large one equal them to float32 rounding (tests/test_decode_step.py).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.nn.functional as F
+from torch.utils.weak import WeakTensorKeyDictionary
 
 from attnlib.decoder import LlamaDecoder, rms_norm
-from attnlib.kv_cache import KVCache
+from attnlib.kv_cache import KVCache, check_cache
 
-__all__ = ["DecodeStep"]
+__all__ = ["DecodeStep", "PACK_MIN"]
+
+PACK_MIN = 2**19  # elements (2 MiB of float32): from here, packing paid off in a step of SmolLM2
+_PACKED = WeakTensorKeyDictionary()  # weight -> (its version when packed, the packed copy)
 
 
 class DecodeStep:
@@ -30,7 +43,7 @@ class DecodeStep:
 
     def __init__(self, decoder: LlamaDecoder, cache: KVCache, real: torch.Tensor | None, total: int) -> None:
         B, past = cache.batch_size, cache.seq_len
-        decoder._past_length(cache, B)  # the checks forward runs: this model's cache, one length
+        check_cache(cache, len(decoder.blocks), B)  # the checks forward runs: this model's cache, one length
         attn = decoder.blocks[0].attn
         self.H, self.H_kv, self.eps = attn.num_heads, attn.num_kv_heads, decoder.norm.eps
         self.gqa = attn.num_heads > attn.num_kv_heads
@@ -39,12 +52,10 @@ class DecodeStep:
         for i in range(len(cache)):  # room for every step: no buffer grows, the steps write in place
             if cache._k[i].shape[2] < total:
                 cache._grow(i, total)
-        # weights as F.linear uses them: linear(x, W, b) on a (B, D) input is addmm(b, x, W.t())
-        self.layers = [(b.attn_norm.weight, b.attn.qkv.weight.t(), b.attn.qkv.bias, b.attn.out.weight.t(),
-                        b.attn.out.bias, b.mlp_norm.weight, b.mlp.gate_up.weight.t(), b.mlp.gate_up.bias,
-                        b.mlp.down.weight.t(), b.mlp.down.bias, cache._k[i], cache._v[i])
+        self.layers = [(b.attn_norm.weight, _product(b.attn.qkv), _product(b.attn.out), b.mlp_norm.weight,
+                        _product(b.mlp.gate_up), _product(b.mlp.down), cache._k[i], cache._v[i])
                        for i, b in enumerate(decoder.blocks)]
-        self.lm_head = decoder.lm_head.weight.t()
+        self.lm_head = _product(decoder.lm_head)
         # position of each step's token: its slot, or (left padding) the number of real tokens before it
         positions = torch.arange(total) if real is None else (real.long().cumsum(dim=-1) - 1).clamp(min=0)
         cos, sin = decoder.rotary.cos_sin(positions.to(self.embed.device))  # (total, Dh) or (B, total, Dh)
@@ -67,22 +78,44 @@ class DecodeStep:
         cos, sin = self.rope[t]
         allowed = None if self.real is None else self.real[:, None, None, :t + 1]  # (B, 1, 1, t + 1)
         x = F.embedding(token.view(B), self.embed)                                  # (B, D)
-        for w_an, w_qkv, b_qkv, w_o, b_o, w_mn, w_gu, b_gu, w_d, b_d, k_buf, v_buf in self.layers:
-            qkv = _linear(rms_norm(x, w_an, eps), w_qkv, b_qkv).view(B, H + 2 * H_kv, 1, -1)  # (B, H + 2 H_kv, 1, Dh)
+        for w_an, qkv_proj, out_proj, w_mn, gate_up, down, k_buf, v_buf in self.layers:
+            qkv = qkv_proj(rms_norm(x, w_an, eps)).view(B, H + 2 * H_kv, 1, -1)  # (B, H + 2 H_kv, 1, Dh)
             qk, v = qkv.split_with_sizes([H + H_kv, H_kv], dim=1)
             qk = qk * cos + qk.roll(qk.shape[-1] // 2, dims=-1) * sin  # RoPE on q and k at once
             k_buf.narrow(2, t, 1).copy_(qk.narrow(1, H, H_kv))       # the cache's slot t
             v_buf.narrow(2, t, 1).copy_(v)
             y = F.scaled_dot_product_attention(qk.narrow(1, 0, H), k_buf.narrow(2, 0, t + 1), v_buf.narrow(2, 0, t + 1),
                                                attn_mask=allowed, enable_gqa=self.gqa)  # (B, H, 1, Dh)
-            x = x + _linear(y.reshape(B, -1), w_o, b_o)              # (B, H, 1, Dh) -> (B, H·Dh)
-            gate, up = _linear(rms_norm(x, w_mn, eps), w_gu, b_gu).chunk(2, dim=-1)
-            x = x + _linear(F.silu(gate) * up, w_d, b_d)
+            x = x + out_proj(y.reshape(B, -1))                       # (B, H, 1, Dh) -> (B, H·Dh)
+            gate, up = gate_up(rms_norm(x, w_mn, eps)).chunk(2, dim=-1)
+            x = x + down(F.silu(gate) * up)
         self.slot = t + 1
         self.cache._len[:] = [t + 1] * len(self.layers)  # the cache holds the new token in every layer
-        return torch.mm(rms_norm(x, self.norm, eps), self.lm_head).view(B, 1, -1)  # (B, 1, vocab)
+        return self.lm_head(rms_norm(x, self.norm, eps)).view(B, 1, -1)  # (B, 1, vocab)
 
 
-def _linear(x: torch.Tensor, weight_t: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    """x (B, in) -> (B, out): what F.linear(x, weight, bias) runs, given weight_t = weight.t()."""
-    return torch.mm(x, weight_t) if bias is None else torch.addmm(bias, x, weight_t)
+def _product(linear: torch.nn.Linear) -> Callable[[torch.Tensor], torch.Tensor]:
+    """x (B, in) -> x W^T + b (B, out) for the layer's weight W (out, in): oneDNN's prepacked kernel for a
+    large float32 matrix, else what F.linear runs on a (B, in) input, addmm(b, x, W.t())."""
+    weight, bias = linear.weight, linear.bias
+    packed = _packed(weight)
+    if packed is not None:
+        return lambda x: torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
+    weight_t = weight.t()
+    return (lambda x: torch.mm(x, weight_t)) if bias is None else (lambda x: torch.addmm(bias, x, weight_t))
+
+
+def _packed(weight: torch.Tensor) -> torch.Tensor | None:
+    """weight (out, in) reordered for oneDNN's linear kernel (made once per version of the weight), or None
+    where that does not apply: a small matrix, another dtype or device, or a PyTorch without oneDNN."""
+    if weight.numel() < PACK_MIN or weight.dtype != torch.float32 or weight.device.type != "cpu" \
+            or not torch.backends.mkldnn.is_available():
+        return None
+    version, packed = _PACKED.get(weight, (None, None))
+    if version != weight._version:
+        try:
+            packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach().contiguous(), 1)
+        except (RuntimeError, AttributeError):  # an operator this build of PyTorch does not have
+            return None
+        _PACKED[weight] = (weight._version, packed)
+    return packed

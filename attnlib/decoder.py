@@ -3,8 +3,9 @@
     h = x + Attn(RMSNorm(x)),   out = h + SwiGLU(RMSNorm(h)),   logits = RMSNorm(out_L) W_vocab
 
 Attention is attnlib's MultiHeadAttention with H query heads and H_kv key/value heads (GQA) whose
-queries and keys are rotated by RoPE; a KVCache carries the keys and values of earlier tokens.
-`LlamaDecoder.from_hf(model)` copies a transformers LlamaForCausalLM's weights.
+queries and keys are rotated by RoPE; a cache (attnlib.kv_cache.Cache: KVCache or any other) carries
+the keys and values of earlier tokens. `LlamaDecoder.from_hf(model)` copies a transformers
+LlamaForCausalLM's weights; W_vocab is the embedding matrix itself when the model ties them.
 """
 
 from __future__ import annotations
@@ -15,12 +16,12 @@ from torch import nn
 
 from attnlib import masks as _masks
 from attnlib._checks import fmt_shape, require_tensor
-from attnlib._hf_llama import hf_tensor
-from attnlib.kv_cache import KVCache, check_token_ids
+from attnlib._hf_llama import decoder_kwargs, hf_tensor
+from attnlib.kv_cache import Cache, check_cache, check_token_ids
 from attnlib.mha import MultiHeadAttention
 from attnlib.positional import RotaryEmbedding
 
-__all__ = ["rms_norm", "RMSNorm", "SwiGLU", "LlamaBlock", "LlamaDecoder"]
+__all__ = ["rms_norm", "column_major", "RMSNorm", "SwiGLU", "LlamaBlock", "LlamaDecoder"]
 
 _HALF = (torch.float16, torch.bfloat16)
 
@@ -35,6 +36,16 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
         return F.rms_norm(x, (x.shape[-1],), weight, eps=eps)
     work = x.float() if x.dtype in _HALF else x
     return weight * F.rms_norm(work, (work.shape[-1],), eps=eps).to(x.dtype)
+
+
+def column_major(weight: torch.Tensor) -> torch.Tensor:
+    """The same (out, in) matrix stored column by column: weight.t() is then contiguous (in, out).
+
+    A one-token step computes x (1, in) @ weight.t(); with weight.t() contiguous, BLAS streams it row
+    after row of (in, out), faster than the row-major layout (chapter 12 measures it on SmolLM2), and
+    products over many tokens run as fast as before.
+    """
+    return weight.t().contiguous().t()
 
 
 class RMSNorm(nn.Module):
@@ -81,24 +92,34 @@ class LlamaBlock(nn.Module):
         self.mlp_norm = RMSNorm(d_model, eps)
         self.mlp = SwiGLU(d_model, d_ff, mlp_bias)
 
-    def forward(self, x: torch.Tensor, mask: torch.Tensor | None, cache: KVCache | None,
-                rope: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None, cache: Cache | None,
+                rope: tuple[torch.Tensor, torch.Tensor], weights: list | None = None) -> torch.Tensor:
         """x (B, T, D) -> (B, T, D); causal attention over the cache and the T new tokens.
 
         rope: the (cos, sin) of the T tokens' positions. One new token may see every cached key, so
-        its (bottom-right) causal mask is all True: skipped.
+        its (bottom-right) causal mask is all True: skipped. `weights`, if a list, receives the
+        attention weights (B, H, T, S).
         """
-        x = x + self.attn(self.attn_norm(x), mask=mask, is_causal=x.shape[1] > 1, cache=cache, rope=rope)
+        h = self.attn(self.attn_norm(x), mask=mask, is_causal=x.shape[1] > 1, cache=cache, rope=rope,
+                      need_weights=weights is not None)
+        if weights is not None:
+            h, w = h
+            weights.append(w)
+        x = x + h
         return x + self.mlp(self.mlp_norm(x))
 
 
 class LlamaDecoder(nn.Module):
-    """A decoder-only language model in Llama's layout: token ids (B, T) -> logits (B, T, vocab)."""
+    """A decoder-only language model in Llama's layout: token ids (B, T) -> logits (B, T, vocab).
+
+    tie_word_embeddings: lm_head uses the embedding matrix itself (vocab, D), as GPT-2, SmolLM2 and
+    Llama 3.2 do (Press and Wolf, 2017): one (vocab, D) matrix fewer.
+    """
 
     def __init__(self, vocab_size: int, d_model: int, num_layers: int, num_heads: int,
                  num_kv_heads: int, d_ff: int, *, max_position_embeddings: int = 2048,
                  rope_base: float = 10000.0, eps: float = 1e-6, attention_bias: bool = False,
-                 mlp_bias: bool = False) -> None:
+                 mlp_bias: bool = False, tie_word_embeddings: bool = False) -> None:
         super().__init__()
         if num_heads < 1 or d_model % num_heads:  # checked here: RoPE needs Dh before the blocks exist
             raise ValueError(f"d_model={d_model} is not divisible by num_heads={num_heads}: "
@@ -111,23 +132,15 @@ class LlamaDecoder(nn.Module):
                        attention_bias=attention_bias, mlp_bias=mlp_bias) for i in range(num_layers))
         self.norm = RMSNorm(d_model, eps)
         self.lm_head = nn.Linear(d_model, vocab_size, bias=False)
+        for m in self.modules():  # every matrix a token is multiplied by, stored column-major
+            if isinstance(m, (nn.Linear, nn.Embedding)) and not (tie_word_embeddings and m is self.lm_head):
+                m.weight = nn.Parameter(column_major(m.weight.detach()))
+        if tie_word_embeddings:
+            self.lm_head.weight = self.embed.weight                    # one Parameter, (vocab, D)
 
-    def _past_length(self, cache: KVCache | None, B: int) -> int:
-        """Positions already cached; a cache that belongs to another model or batch is an error."""
-        if cache is None:
-            return 0
-        if not isinstance(cache, KVCache):
-            raise TypeError(f"cache must be an attnlib.KVCache, got {type(cache).__name__}")
-        if len(cache) not in (0, len(self.blocks)):
-            raise ValueError(f"the cache holds {len(cache)} layers but this decoder has {len(self.blocks)}: "
-                             f"a cache belongs to one model; start a new KVCache()")
-        if len(cache) and cache.batch_size != B:
-            raise ValueError(f"the cache holds a batch of B={cache.batch_size} sequences, got input_ids "
-                             f"with B={B}: a cache belongs to one batch; start a new KVCache()")
-        if len({cache.get_seq_len(i) for i in range(len(cache))}) > 1:
-            raise ValueError("the cache's layers hold different lengths (an earlier call failed "
-                             "half-way); start a new KVCache()")
-        return cache.seq_len
+    @property
+    def tie_word_embeddings(self) -> bool:
+        return self.lm_head.weight is self.embed.weight
 
     def _positions(self, B: int, T: int, past: int, attention_mask: torch.Tensor | None,
                    device: torch.device) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -152,50 +165,40 @@ class LlamaDecoder(nn.Module):
                              f"{self.max_position_embeddings}: {past} cached + {T} new tokens do not fit")
         return positions, mask
 
-    def forward(self, input_ids: torch.Tensor, cache: KVCache | None = None, *,
-                attention_mask: torch.Tensor | None = None, last_only: bool = False) -> torch.Tensor:
+    def forward(self, input_ids: torch.Tensor, cache: Cache | None = None, *,
+                attention_mask: torch.Tensor | None = None, last_only: bool = False,
+                need_weights: bool = False) -> torch.Tensor | tuple[torch.Tensor, list[torch.Tensor]]:
         """input_ids (B, T) -> logits (B, T, vocab) (or (B, 1, vocab) for the last token, last_only).
 
         With a cache, the T tokens continue the cached ones (positions from cache.seq_len) and
         their keys and values are appended. attention_mask (B, past + T), 1 = real token.
+        need_weights=True also returns each layer's attention weights (B, H, T, S): (logits, [L of them]).
         """
         B, T = check_token_ids(input_ids).shape
         (lo, hi), V = (int(m) for m in torch.aminmax(input_ids)), self.embed.num_embeddings
         if lo < 0 or hi >= V:
             raise ValueError(f"input_ids holds token id {lo if lo < 0 else hi}, outside [0, vocab_size={V})")
-        past = self._past_length(cache, B)
+        past = check_cache(cache, len(self.blocks), B)
         positions, mask = self._positions(B, T, past, attention_mask, input_ids.device)
         rope = self.rotary.cos_sin(positions)                          # (T, Dh) or (B, T, Dh), every layer
-        x = self.embed(input_ids)                                      # (B, T, D)
+        x, weights = self.embed(input_ids), [] if need_weights else None  # (B, T, D)
         for block in self.blocks:
-            x = block(x, mask, cache, rope)
-        return self.lm_head(self.norm(x[:, -1:] if last_only else x))  # (B, T or 1, vocab)
+            x = block(x, mask, cache, rope, weights)
+        logits = self.lm_head(self.norm(x[:, -1:] if last_only else x))  # (B, T or 1, vocab)
+        return (logits, weights) if need_weights else logits
 
     @classmethod
     def from_hf(cls, model: nn.Module) -> LlamaDecoder:
-        """A LlamaDecoder holding a copy of a transformers LlamaForCausalLM's weights (same dtype)."""
+        """A LlamaDecoder holding a copy of a transformers LlamaForCausalLM's weights (same dtype), tied
+        as the model ties them."""
         from transformers import LlamaForCausalLM
 
         if not isinstance(model, LlamaForCausalLM):
             raise TypeError(f"model must be a transformers LlamaForCausalLM, got {type(model).__name__}")
-        c = model.config
-        rope = dict(getattr(c, "rope_parameters", None) or {})
-        if rope.get("rope_type", "default") != "default" or c.hidden_act != "silu":
-            raise ValueError(f"only plain RoPE and SiLU are modelled, got rope_type="
-                             f"{rope.get('rope_type')!r}, hidden_act={c.hidden_act!r}")
-        head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
-        if c.hidden_size != c.num_attention_heads * head_dim:
-            raise ValueError(f"head_dim={head_dim} differs from hidden_size / num_attention_heads = "
-                             f"{c.hidden_size} / {c.num_attention_heads}: not modelled by attnlib")
-        ours = cls(c.vocab_size, c.hidden_size, c.num_hidden_layers, c.num_attention_heads,
-                   c.num_key_value_heads, c.intermediate_size,
-                   max_position_embeddings=c.max_position_embeddings,
-                   rope_base=rope.get("rope_theta", 10000.0), eps=c.rms_norm_eps,
-                   attention_bias=c.attention_bias, mlp_bias=c.mlp_bias)
+        ours = cls(**decoder_kwargs(model.config))
         theirs = model.state_dict()
         ours.to(device=theirs["lm_head.weight"].device, dtype=theirs["lm_head.weight"].dtype)
         with torch.no_grad():
-            for name, param in ours.named_parameters():
+            for name, param in ours.named_parameters():  # a tied lm_head is embed.weight: listed once
                 param.copy_(hf_tensor(theirs, name))
         return ours.eval()
-

@@ -2,18 +2,20 @@
 
 At decode step t, the keys and values of positions 0..t-1 do not change, so each attention layer
 stores them once and appends the new token's (k, v). The cache holds H_kv heads per layer, never
-repeated to H: that is grouped-query attention's memory saving. `generate` is the greedy decode
-loop that uses it (or, with use_cache=False, recomputes the whole sequence at every step).
+repeated to H: that is grouped-query attention's memory saving. `Cache` is the contract every cache
+keeps (attention layers, LlamaDecoder and attnlib.generation.generate rely on nothing else);
+`KVCache` is the plain one.
 """
 
 from __future__ import annotations
 
+from typing import Protocol, runtime_checkable
+
 import torch
 
-from attnlib import masks as _masks
 from attnlib._checks import fmt_shape, require_float_tensor, require_tensor
 
-__all__ = ["KVCache", "cache_bytes", "generate"]
+__all__ = ["Cache", "KVCache", "cache_bytes", "check_cache"]
 
 
 def cache_bytes(num_layers: int, num_kv_heads: int, head_dim: int, seq_len: int, *,
@@ -25,8 +27,41 @@ def cache_bytes(num_layers: int, num_kv_heads: int, head_dim: int, seq_len: int,
     return 2 * num_layers * batch_size * num_kv_heads * seq_len * head_dim * bytes_per_element
 
 
+@runtime_checkable
+class Cache(Protocol):
+    """What a cache for a whole model promises: the one contract attention layers, LlamaDecoder and
+    `generate(..., cache=...)` rely on. KVCache keeps it; so does any other cache (a sink, paged or
+    quantized one), whatever it stores inside. No caller reaches into a cache's private buffers.
+
+    - `update(layer_idx, k, v) -> (k_all, v_all)`: take the new positions' k (B, H_kv, S_new, Dh) and
+      v (B, H_kv, S_new, Dv) of layer `layer_idx` (layers are filled in order, 0 first) and return
+      the keys and values that the layer's new queries attend to, (B, H_kv, S, Dh) and (..., Dv),
+      the new ones last.
+    - `seq_len`: positions seen so far (layer 0's count): the next token's position.
+    - `get_seq_len(layer_idx)`: the same for one layer (0 if it has nothing yet).
+    - `batch_size`: B of the cached sequences, None while empty.
+    - `len(cache)`: the number of layers filled.
+    - `nbytes`: bytes of the keys and values held now (what is kept, scales included).
+    """
+
+    def update(self, layer_idx: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]: ...
+
+    @property
+    def seq_len(self) -> int: ...
+
+    def get_seq_len(self, layer_idx: int) -> int: ...
+
+    @property
+    def batch_size(self) -> int | None: ...
+
+    def __len__(self) -> int: ...
+
+    @property
+    def nbytes(self) -> int: ...
+
+
 class KVCache:
-    """An empty cache for a whole model, grown in place, one entry per attention layer.
+    """An empty cache for a whole model, grown in place, one entry per attention layer (the `Cache` contract).
 
     Each layer's keys and values live in a preallocated buffer (B, H_kv, capacity, Dh) whose
     capacity doubles when full, so appending one token costs a copy of that token only.
@@ -128,44 +163,23 @@ def check_token_ids(input_ids: object) -> torch.Tensor:
     return input_ids
 
 
-@torch.inference_mode()
-def generate(decoder: torch.nn.Module, input_ids: torch.Tensor, max_new_tokens: int, *,
-             use_cache: bool = True, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
-    """Greedy decoding: append argmax(logits of the last token) max_new_tokens times.
-
-    input_ids (B, T) -> (B, T + max_new_tokens). With use_cache, the prompt is run once (prefill)
-    and each later step feeds one token, attending to the cached keys and values; without it, the
-    whole sequence is re-run at every step (the baseline). attention_mask (B, T), 1 = real token,
-    allows a left-padded batch; the generated tokens are all real.
-    """
-    check_token_ids(input_ids)
-    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 0:
-        raise ValueError(f"max_new_tokens must be an int >= 0, got {max_new_tokens!r}")
-    B, T = input_ids.shape
-    out = input_ids.new_empty(B, T + max_new_tokens)      # (B, T + new): the prompt, then the new tokens
-    out[:, :T] = input_ids
-    mask = None
-    if attention_mask is not None:
-        real = _masks.from_hf(attention_mask)[:, 0, 0]      # (B, T) bool; checks dtype and values
-        if tuple(real.shape) != (B, T):
-            raise ValueError(f"attention_mask of shape {fmt_shape(real.shape)} is not (B, T) = "
-                             f"({B}, {T}), the shape of input_ids")
-        mask = torch.ones_like(out, dtype=torch.bool)       # (B, T + new): new tokens are real
-        mask[:, :T] = real
-    longest = T if mask is None else int(mask[:, :T].sum(dim=1).max())
-    limit = getattr(decoder, "max_position_embeddings", None)
-    if limit is not None and longest + max_new_tokens > limit:
-        raise ValueError(f"{longest} prompt tokens + max_new_tokens={max_new_tokens} = "
-                         f"{longest + max_new_tokens} positions are beyond max_position_embeddings={limit}")
-    from attnlib.decode_step import DecodeStep  # here: it imports the decoder, which imports this module
-
-    cache, step = (KVCache() if use_cache else None), None
-    for t in range(T, T + max_new_tokens):
-        if step is not None:  # after the prefill: one token, through every layer with the checks done
-            logits = step(out[:, t - 1:t])                  # (B, 1, vocab)
-        else:                 # the prefill, or (without a cache) the whole sequence at every step
-            logits = decoder(out[:, :t], cache, attention_mask=None if mask is None else mask[:, :t],
-                             last_only=True)
-            step = DecodeStep(decoder, cache, mask, T + max_new_tokens) if use_cache else None
-        out[:, t] = logits[:, -1].argmax(dim=-1)
-    return out
+def check_cache(cache: object, num_layers: int, B: int) -> int:
+    """Positions `cache` holds for a model of num_layers layers fed a batch of B sequences (0 for None);
+    a TypeError for an object without the Cache contract, a ValueError for another model's or batch's."""
+    if cache is None:
+        return 0
+    if not isinstance(cache, Cache):
+        raise TypeError(f"cache must be an attnlib.KVCache, got {type(cache).__name__} (or another cache that "
+                        f"keeps attnlib.kv_cache.Cache's contract: update, seq_len, get_seq_len, batch_size, "
+                        f"len, nbytes)")
+    new = f"start a new {type(cache).__name__}"
+    if len(cache) not in (0, num_layers):
+        raise ValueError(f"the cache holds {len(cache)} layers but this decoder has {num_layers}: "
+                         f"a cache belongs to one model; {new}")
+    if len(cache) and cache.batch_size != B:
+        raise ValueError(f"the cache holds a batch of B={cache.batch_size} sequences, got input_ids "
+                         f"with B={B}: a cache belongs to one batch; {new}")
+    if len({cache.get_seq_len(i) for i in range(len(cache))}) > 1:
+        raise ValueError(f"the cache's layers hold different lengths (an earlier call failed "
+                         f"half-way); {new}")
+    return cache.seq_len

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from attnlib import KVCache, LlamaDecoder
-from attnlib.decode_step import DecodeStep
+from attnlib.decode_step import _PACKED, PACK_MIN, DecodeStep
 from test_decoder import _left_pad, ids, tiny_llama
 
 STEPS = 6
@@ -77,3 +77,35 @@ def test_a_cache_of_another_model_is_refused():
     with pytest.raises(ValueError, match="the cache holds 3 layers but this decoder has 2"):
         DecodeStep(dec, cache, None, 8)
 
+
+
+def _wide_decoder() -> LlamaDecoder:
+    """Two layers wide enough (gate_up 2048 x 512, lm_head 2048 x 512) for DecodeStep's prepacked products."""
+    torch.manual_seed(0)
+    return LlamaDecoder(vocab_size=2048, d_model=512, num_layers=2, num_heads=8, num_kv_heads=2, d_ff=1024).eval()
+
+
+def test_large_matrices_use_the_prepacked_kernel_and_equal_forward_to_rounding():
+    dec = _wide_decoder()
+    assert dec.blocks[0].mlp.gate_up.weight.numel() >= PACK_MIN > dec.blocks[0].attn.qkv.weight.numel()
+    with torch.inference_mode():
+        ours, theirs, _, _ = _both(dec, ids(2, 7), None)
+        for a, b in zip(ours, theirs):
+            torch.testing.assert_close(a, b, rtol=0, atol=1e-4)
+            assert torch.equal(a.argmax(-1), b.argmax(-1))
+        if torch.backends.mkldnn.is_available():
+            assert dec.blocks[0].mlp.gate_up.weight in _PACKED    # packed once, kept for the next steps
+
+
+def test_a_changed_weight_is_packed_again(monkeypatch):
+    dec = _wide_decoder()
+    with torch.inference_mode():
+        before, _, _, _ = _both(dec, ids(1, 5), None)
+        dec.lm_head.weight.mul_(2.0)                              # in place: a new version of the weight
+        after, theirs, _, _ = _both(dec, ids(1, 5), None)
+    torch.testing.assert_close(after[0], theirs[0], rtol=0, atol=1e-4)
+    torch.testing.assert_close(after[0], 2 * before[0], rtol=0, atol=1e-4)
+    monkeypatch.setattr(torch.backends.mkldnn, "is_available", lambda: False)   # no oneDNN: torch.mm throughout
+    with torch.inference_mode():
+        ours, theirs, _, _ = _both(dec, ids(1, 5), None)
+    assert all(torch.equal(a, b) for a, b in zip(ours, theirs))

@@ -229,3 +229,44 @@ def test_from_hf_refuses_what_it_does_not_model():
     scaled = tiny_llama(layers=1, rope_parameters={"rope_type": "linear", "factor": 2.0, "rope_theta": 1e4})
     with pytest.raises(ValueError, match=r"only plain RoPE and SiLU are modelled, got rope_type='linear'"):
         LlamaDecoder.from_hf(scaled)
+
+
+@pytest.mark.parametrize("tied", [True, False])
+def test_from_hf_ties_lm_head_to_the_embedding_as_the_model_does(tied):
+    hf = tiny_llama(8, 2, layers=2, tie_word_embeddings=tied)
+    dec = LlamaDecoder.from_hf(hf)
+    assert dec.tie_word_embeddings is tied and (dec.lm_head.weight is dec.embed.weight) is tied
+    assert sum(p.numel() for p in dec.parameters()) == sum(p.numel() for p in hf.parameters())
+    with torch.no_grad():
+        torch.testing.assert_close(dec(ids(2, 6)), hf(ids(2, 6)).logits, rtol=0, atol=1e-5)
+        dec.embed.weight[5] += 1.0                                 # tied: the output layer moves with it
+    assert torch.equal(dec.lm_head.weight[5], dec.embed.weight[5]) is tied
+
+
+def test_matrices_are_stored_column_major_and_loading_keeps_it(pair):
+    hf, dec = pair
+    for name, p in dec.named_parameters():
+        if p.dim() == 2:                                           # weight.t() contiguous: (in, out) rows
+            assert p.t().is_contiguous() and not p.is_contiguous(), name
+    ours = dec.to(torch.float64)
+    assert all(p.t().is_contiguous() for p in ours.parameters() if p.dim() == 2)
+    ours.to(torch.float32)
+
+
+def test_need_weights_returns_each_layers_attention_weights_as_transformers(pair):
+    hf, dec = pair
+    x = ids(2, 9)
+    with torch.no_grad():
+        logits, weights = dec(x, need_weights=True)
+        theirs = hf(x, output_attentions=True)
+    torch.testing.assert_close(logits, dec(x), rtol=0, atol=1e-5)   # another attention kernel: rounding
+    assert len(weights) == len(theirs.attentions) == 4
+    for ours_w, their_w in zip(weights, theirs.attentions):
+        assert ours_w.shape == (2, 8, 9, 9)                        # (B, H, T, S): per query head
+        torch.testing.assert_close(ours_w, their_w, rtol=0, atol=1e-5)
+        assert torch.equal(ours_w.triu(1), torch.zeros_like(ours_w))  # causal
+    cache = KVCache()
+    with torch.no_grad():
+        dec(x[:, :5], cache)
+        _, late = dec(x[:, 5:], cache, need_weights=True)         # 4 new queries over 9 keys
+    torch.testing.assert_close(late[2], weights[2][:, :, 5:], rtol=0, atol=1e-5)

@@ -1,12 +1,12 @@
-"""attnlib.KVCache and attnlib.generate: the cache against torch.cat, decoding against recomputation
-and against transformers' greedy generate on the same (random) Llama weights."""
+"""attnlib.KVCache: the cache against torch.cat, its byte count, its checks, and the Cache contract it keeps.
+(attnlib.generate, which fills it, is tested in test_generation.py.)"""
 
 import pytest
 import torch
 
-from attnlib import KVCache, LlamaDecoder, generate
-from attnlib.kv_cache import cache_bytes
-from test_decoder import MAX_POS, _left_pad, ids, tiny_llama
+from attnlib import KVCache, LlamaDecoder
+from attnlib.kv_cache import Cache, cache_bytes
+from test_decoder import ids, tiny_llama
 
 
 def kv(B: int = 2, H_kv: int = 3, S: int = 1, Dh: int = 4, seed: int = 0, dtype=torch.float32):
@@ -94,83 +94,6 @@ def test_bad_k_and_v_are_refused_by_name():
     assert repr(cache) == "KVCache(layers=1, seq_len=1, B=2, H_kv=3, Dh=4)" and repr(KVCache()) == "KVCache(empty)"
 
 
-# --- generate --------------------------------------------------------------------------------------
-
-@pytest.fixture(scope="module")
-def pair():
-    hf = tiny_llama(heads=8, kv_heads=2)  # GQA: H_kv < H
-    return hf, LlamaDecoder.from_hf(hf)
-
-
-def test_cached_generate_equals_recomputing(pair):
-    _, dec = pair
-    prompt = ids(2, 9)
-    cached, recomputed = generate(dec, prompt, 30), generate(dec, prompt, 30, use_cache=False)
-    assert cached.shape == (2, 39) and torch.equal(cached[:, :9], prompt)
-    assert torch.equal(cached, recomputed)
-
-
-def test_cached_step_logits_equal_the_whole_sequence_at_once(pair):
-    """Each one-token step with the cache gives the logits a full forward over the sequence gives."""
-    _, dec = pair
-    seq = generate(dec, ids(2, 9), 20)
-    cache, steps = KVCache(), []
-    with torch.no_grad():
-        whole = dec(seq)                                             # (B, 29, vocab), no cache
-        steps.append(dec(seq[:, :9], cache))                         # prefill
-        steps += [dec(seq[:, t:t + 1], cache) for t in range(9, 29)]  # one token each
-    torch.testing.assert_close(torch.cat(steps, dim=1), whole, rtol=0, atol=1e-4)
-    assert torch.equal(whole[:, 8:-1].argmax(-1), seq[:, 9:])       # the tokens are the greedy ones
-
-
-@pytest.mark.parametrize("heads, kv_heads", [(8, 2), (8, 1), (4, 4)])
-def test_generate_equals_transformers_greedy_generate(heads, kv_heads):
-    hf = tiny_llama(heads=heads, kv_heads=kv_heads)
-    prompt = ids(2, 12, seed=heads + kv_heads)
-    with torch.no_grad():
-        theirs = hf.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=20,
-                             do_sample=False)
-    assert theirs.shape == (2, 32)
-    assert torch.equal(generate(LlamaDecoder.from_hf(hf), prompt, 20), theirs)
-
-
-def test_left_padded_batch_equals_each_sequence_alone_and_transformers(pair):
-    hf, dec = pair
-    prompts = [ids(1, n, seed=n)[0] for n in (3, 11, 7)]
-    batch, mask = _left_pad(prompts)
-    ours = generate(dec, batch, 25, attention_mask=mask)
-    for i, p in enumerate(prompts):
-        alone = generate(dec, p[None], 25)[0]                     # (len(p) + 25,)
-        assert torch.equal(ours[i, batch.shape[1] - len(p):], alone)
-    with torch.no_grad():
-        theirs = hf.generate(batch, attention_mask=mask, max_new_tokens=25, do_sample=False)
-    assert torch.equal(ours, theirs)
-    assert torch.equal(generate(dec, batch, 25, attention_mask=mask, use_cache=False), ours)
-
-
-def test_prompts_beyond_the_position_table_are_refused_before_decoding(pair):
-    _, dec = pair
-    with pytest.raises(ValueError, match=rf"120 prompt tokens \+ max_new_tokens=9 = 129 positions are beyond "
-                                         rf"max_position_embeddings={MAX_POS}"):
-        generate(dec, ids(1, 120), 9)
-    with pytest.raises(ValueError, match=rf"131 prompt tokens \+ max_new_tokens=1 = 132 positions"):
-        generate(dec, ids(1, MAX_POS + 3), 1)  # the prompt alone does not fit
-    batch, mask = _left_pad([ids(1, 100)[0], ids(1, 120)[0]])
-    assert generate(dec, batch, 8, attention_mask=mask).shape == (2, 128)  # padding takes no position
-    with pytest.raises(ValueError, match=r"120 prompt tokens \+ max_new_tokens=9"):
-        generate(dec, batch, 9, attention_mask=mask)
-
-
-def test_generate_bad_arguments(pair):
-    _, dec = pair
-    prompt = ids(2, 5)
-    assert torch.equal(generate(dec, prompt, 0), prompt)
-    for bad in (-1, 2.0, True):
-        with pytest.raises(ValueError, match=rf"max_new_tokens must be an int >= 0, got {bad!r}"):
-            generate(dec, prompt, bad)
-    with pytest.raises(ValueError, match=r"input_ids of shape \(5,\) and dtype torch.int64 is not \(B, T\)"):
-        generate(dec, prompt[0], 3)
-    with pytest.raises(ValueError, match=r"attention_mask of shape \(2, 4\) is not \(B, T\) = \(2, 5\)"):
-        generate(dec, prompt, 3, attention_mask=torch.ones(2, 4, dtype=torch.long))
-    with pytest.raises(TypeError, match=r"attention_mask must be bool or 0/1 integers"):
-        generate(dec, prompt, 3, attention_mask=torch.ones(2, 5))
+def test_kv_cache_keeps_the_cache_contract():
+    assert isinstance(KVCache(), Cache)
+    assert not isinstance({}, Cache) and not isinstance([], Cache)

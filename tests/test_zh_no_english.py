@@ -50,6 +50,7 @@ NAMES = _cited_authors() | {
     "Adam", "Bahdanau", "Falcon", "Glorot", "Hugging", "Face", "Jupyter", "Kaiming", "Llama", "Meta",
     "Mistral", "Python", "Swish", "Toeplitz", "Transformer", "Transformers", "Triton", "Xavier",
     "Annotated", "Megatron", "fairseq",  # codebases whose style an interview answer borrows (chapter 10)
+    "Pythia",  # a model family (chapter 12: where Xiao et al. found attention sinks)
     "True", "False", "None",  # Python's constants, written as in code
     "Dh", "Dv",  # the book's dimension letters for the head width (DESIGN: B, H, H_kv, T, S, D, Dh)
     "attention-book",  # the book's author line
@@ -61,6 +62,7 @@ TERMS = {
     "attnlib", "nanoGPT", "eager", "sqrt", "exp", "log", "sin", "cos", "max", "min", "mean", "sum",
     "fan-in", "fan-out", "float", "int", "bool", "dtype", "id", "ids", "pos", "inf", "nan", "logistic",
     "matplotlib", "lm-head", "flash", "relu", "gelu", "vocab", "sentence-transformers", "lse", "epsilon",
+    "top-k", "top-p",  # the sampling methods, named so in Chinese too (top-k 采样, top-p 采样)
 }
 # English grammar words: one of them on a Chinese page is left-over English, whatever surrounds it.
 FUNCTION_WORDS = {

@@ -1,0 +1,206 @@
+"""Checkers for chapter 12 (a real language model): a top-p (nucleus) filter, an induction score, a
+repetition penalty. Each compares the reader's function with attnlib's on inputs where every classic
+mistake gives a different answer, and names the mistake it reproduces."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from attnlib.exercises._core import CandidateError, as_tensor, checker, expect_close, full_precision, matching, run
+from attnlib.generation import top_p_filter
+from attnlib.heads import induction_score
+
+__all__ = ["check_top_p_filter", "check_induction_score", "check_repetition_penalty"]
+
+_INF = float("-inf")
+
+
+# --- 1. top-p ------------------------------------------------------------------------------------
+
+def _no_boundary_tie(logits: torch.Tensor, p: float) -> bool:
+    """Whether no cumulative probability of the sorted rows comes within 1e-4 of p (so < and <= agree)."""
+    cumulative = logits.softmax(-1).sort(-1, descending=True).values.cumsum(-1)
+    return bool(((cumulative - p).abs() > 1e-4).all())
+
+
+def _top_p_inputs(seed: int) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(4, 40, generator=g, dtype=torch.float64) * 2.5  # (B, vocab): no ties
+
+
+def _unsort(mask_sorted: torch.Tensor, order: torch.Tensor) -> torch.Tensor:
+    """A mask over sorted positions back in vocabulary order (order[b, r] = the token at rank r)."""
+    return torch.empty_like(mask_sorted).scatter_(-1, order, mask_sorted)
+
+
+def _kept_before_p(sorted_values: torch.Tensor, p: float) -> torch.Tensor:
+    """Sorted position r is kept when the values before it sum to less than p."""
+    return sorted_values.cumsum(-1) - sorted_values < p
+
+
+def _top_p_mistakes(logits: torch.Tensor, p: float) -> dict[str, torch.Tensor]:
+    probs = logits.softmax(-1)
+    desc, order = probs.sort(-1, descending=True)
+    asc, order_asc = probs.sort(-1)
+    by_batch = logits.softmax(0)
+
+    def keep(mask: torch.Tensor) -> torch.Tensor:              # mask in vocabulary order -> filtered logits
+        return logits.masked_fill(~mask, _INF)
+
+    return {
+        "the token that crosses p is dropped (kept while the cumulative sum *including* it is <= p): the "
+        "nucleus must reach p, so keep each token while the mass *before* it is below p":
+            keep(_unsort(desc.cumsum(-1) <= p, order)),
+        "the cumulative sum runs over the vocabulary in its own order: sort the probabilities first "
+        "(descending), so that the nucleus is the most likely tokens": keep(_kept_before_p(probs, p)),
+        "sorted ascending: the nucleus kept is the least likely tokens; sort in descending order":
+            keep(_unsort(_kept_before_p(asc, p), order_asc)),
+        "the cumulative sum of the logits instead of the probabilities: apply softmax first":
+            keep(_unsort(_kept_before_p(logits.gather(-1, order), p), order)),
+        "each token kept when its own probability is >= p (that is min-p-like): top-p sums the sorted "
+        "probabilities until they reach p": keep(probs >= p),
+        "the result left in sorted order: scatter the kept logits back to their vocabulary positions":
+            top_p_filter(logits, p).gather(-1, order),
+        "the softmax or cumulative sum over the batch axis (dim=0) instead of the vocabulary (dim=-1)":
+            keep(_kept_before_p(by_batch.transpose(0, 1), p).transpose(0, 1)),
+    }
+
+
+def _finite(t: torch.Tensor) -> torch.Tensor:
+    """-inf written as -1e30, so that two filtered results compare as numbers."""
+    return t.masked_fill(t.isneginf(), -1e30)
+
+
+def _as_filtered(got: torch.Tensor, logits: torch.Tensor, what: str) -> torch.Tensor:
+    """The reader's result in float64 with 'removed' written as -inf (-1e9 or finfo.min count as removed too)."""
+    if bool((got >= 0).all()) and torch.allclose(got.double().sum(-1), torch.ones(1, dtype=torch.float64)):
+        raise CandidateError(f"{what} returned probabilities (rows summing to 1), not logits: keep the logits of "
+                             f"the nucleus as they are and set every other one to -inf")
+    got = full_precision(got, what).double()
+    return got.masked_fill(got.isneginf() | (got < got.amax(-1, keepdim=True) - 1e4), _INF)
+
+
+@checker("top-p filter")
+def check_top_p_filter(fn: Callable[[torch.Tensor, float], torch.Tensor]) -> str:
+    """fn(logits, p) with logits (B, vocab) returns logits (B, vocab) where every token outside the
+    nucleus (the fewest most likely tokens whose probabilities sum to at least p) is -inf."""
+    cases = [(seed, p) for seed, p in ((0, 0.9), (1, 0.5), (2, 0.3), (3, 0.95), (4, 0.05))]
+    for seed, p in cases:
+        logits = _top_p_inputs(seed)
+        while not _no_boundary_tie(logits, p):
+            seed += 100
+            logits = _top_p_inputs(seed)
+        what = f"top_p_filter(logits, p={p}) with logits of shape {tuple(logits.shape)}"
+        got = as_tensor(run(fn, logits.clone(), p, what=what), what, shape=logits.shape)
+        got = _as_filtered(got, logits, what)
+        expected = top_p_filter(logits, p)
+        mistakes = {name: _finite(m) for name, m in _top_p_mistakes(logits, p).items()}
+        if bool(got.isneginf().all(-1).any()):
+            found = matching(_finite(got), mistakes)
+            raise CandidateError(f"{what} removed every token of a row (softmax would give NaN): the most likely "
+                                 f"token always stays" + (f"; it matches {' and '.join(found)}" if found else ""))
+        same_kept = torch.equal(got.isneginf(), expected.isneginf())
+        if same_kept and not torch.allclose(got[~got.isneginf()], logits[~expected.isneginf()], atol=1e-6):
+            raise CandidateError(f"{what} keeps the right tokens but changes their logits: leave the kept "
+                                 f"logits as they are (renormalizing is the softmax's job)")
+        expect_close(_finite(got), _finite(expected), what, mistakes=mistakes)
+    return ("the nucleus kept (the most likely tokens until their probabilities reach p, the one that crosses p "
+            "included) and every other logit set to -inf, for p from 0.05 to 0.95")
+
+
+# --- 2. induction score -------------------------------------------------------------------------
+
+def _causal_weights(H: int, T: int, seed: int) -> torch.Tensor:
+    """(H, T, T) attention weights: a softmax of random scores under a causal mask, every entry distinct."""
+    g = torch.Generator().manual_seed(seed)
+    scores = torch.randn(H, T, T, generator=g, dtype=torch.float64) * 1.5
+    return scores.masked_fill(~torch.ones(T, T, dtype=torch.bool).tril(), _INF).softmax(-1)
+
+
+def _at(weights: torch.Tensor, queries: range, shift: int) -> torch.Tensor:
+    """mean over query i in `queries` of weights[:, i, i - shift] -> (H,)."""
+    return torch.stack([weights[:, i, i - shift] for i in queries], dim=-1).mean(-1)
+
+
+@checker("induction score")
+def check_induction_score(fn: Callable[[torch.Tensor, int], torch.Tensor]) -> str:
+    """fn(weights, period) with weights (H, T, T) of one sequence whose last 2·period tokens are a block
+    of `period` tokens written twice returns (H,): for each head, the attention the queries of the second
+    block put on the token right after the earlier occurrence of their own token, averaged over them."""
+    H = 3
+    for prefix, period, seed in ((1, 6, 0), (0, 5, 1), (3, 7, 2)):  # a BOS-like prefix, none, a longer one
+        T = prefix + 2 * period
+        weights = _causal_weights(H, T, seed)
+        what = f"induction_score(weights, period={period}) with weights of shape {(H, T, T)} ({prefix} tokens before the two blocks)"
+        second = range(T - period, T)                          # the queries of the second block
+        got = run(fn, weights.clone(), period, what=what)
+        as_tensor(got, what)
+        if got.dim() == 0 and matching(got, {"mean": induction_score(weights, period).mean()}):
+            raise CandidateError(f"{what} is one number, the average over the heads too: return one score "
+                                 f"per head, shape ({H},)")
+        got = full_precision(as_tensor(got, what, shape=(H,)), what)
+        mistakes = {
+            "the earlier occurrence of the query's token itself (key i - period, a duplicate-token score): an "
+            "induction head attends to the token *after* it, key i - period + 1": _at(weights, second, period),
+            "the previous token (key i - 1): that is a previous-token score": _at(weights, second, 1),
+            "key i - period - 1, one before the earlier occurrence: the token after it is key i - period + 1":
+                _at(weights, second, period + 1),
+            "the queries of the first block included: only the second block has an earlier occurrence to look back at":
+                _at(weights, range(max(T - 2 * period, period - 1), T), period - 1),
+            "summed over the queries instead of averaged": _at(weights, second, period - 1) * period,
+            "keys and queries swapped (weights[:, key, query]): rows are queries, columns are keys":
+                torch.stack([weights[:, i - period + 1, i] for i in second], -1).mean(-1),
+        }
+        if prefix:
+            mistakes["the two blocks taken to start at position 0: with a prefix (a BOS token, say) they are "
+                     "the last 2·period positions, so the second block is queries T - period .. T - 1"] = \
+                _at(weights, range(period, 2 * period), period - 1)
+        expect_close(got, induction_score(weights, period), what, mistakes=mistakes, atol=1e-6)
+    return ("for each head, the mean attention from each query of the second block to the token after its "
+            "earlier occurrence (key i - period + 1), with and without a prefix before the blocks")
+
+
+# --- 3. repetition penalty ----------------------------------------------------------------------
+
+def _penalized(logits: torch.Tensor, input_ids: torch.Tensor, penalty: float) -> torch.Tensor:
+    """transformers' RepetitionPenaltyLogitsProcessor: each seen token's logit / penalty if > 0, * penalty if < 0."""
+    seen = torch.zeros_like(logits, dtype=torch.bool).scatter_(-1, input_ids, True)
+    return torch.where(seen, torch.where(logits > 0, logits / penalty, logits * penalty), logits)
+
+
+@checker("repetition penalty")
+def check_repetition_penalty(fn: Callable[[torch.Tensor, torch.Tensor, float], torch.Tensor]) -> str:
+    """fn(logits, input_ids, penalty) with logits (B, vocab) and input_ids (B, T) returns (B, vocab): the logit
+    of every token that occurs in that row's input_ids divided by `penalty` if it is positive and
+    multiplied by it if negative (CTRL's penalty, as transformers applies it); the others unchanged."""
+    g = torch.Generator().manual_seed(0)
+    B, V = 3, 12
+    logits = torch.randn(B, V, generator=g, dtype=torch.float64) * 2       # both signs
+    input_ids = torch.tensor([[1, 4, 4, 7, 4], [0, 2, 9, 9, 3], [5, 11, 1, 6, 6]])  # repeats, rows differ
+    for penalty in (1.3, 2.0, 0.8):  # 0.8 < 1 rewards repetition: the same rule, the other way
+        what = f"repetition_penalty(logits, input_ids, penalty={penalty}) with logits {(B, V)}, input_ids {tuple(input_ids.shape)}"
+        got = as_tensor(run(fn, logits.clone(), input_ids.clone(), penalty, what=what), what, shape=(B, V))
+        seen = torch.zeros(B, V, dtype=torch.bool).scatter_(-1, input_ids, True)
+        counts = torch.zeros(B, V, dtype=torch.float64).scatter_add_(-1, input_ids, torch.ones_like(input_ids, dtype=torch.float64))
+        union = seen.any(0, keepdim=True).expand(B, V)
+        expect_close(got, _penalized(logits, input_ids, penalty), what, atol=1e-6, mistakes={
+            "every seen logit divided by the penalty, whatever its sign: a negative logit divided by it rises "
+            "toward 0, which makes the repeated token *more* likely; multiply the negative ones":
+                torch.where(seen, logits / penalty, logits),
+            "the penalty applied once per occurrence (penalty ** count): CTRL and transformers apply it once per "
+            "token that occurs, however often":
+                torch.where(logits > 0, logits / penalty ** counts, logits * penalty ** counts),
+            "the tokens that did *not* occur penalized instead of those that did":
+                torch.where(~seen, torch.where(logits > 0, logits / penalty, logits * penalty), logits),
+            "every row penalized for the tokens of all rows: each sequence has its own history":
+                torch.where(union, torch.where(logits > 0, logits / penalty, logits * penalty), logits),
+            "the penalty subtracted instead of dividing (or multiplying)": torch.where(seen, logits - penalty, logits),
+            "the signs swapped: positive logits multiplied and negative ones divided (repeats made more likely)":
+                torch.where(seen, torch.where(logits > 0, logits * penalty, logits / penalty), logits),
+            "only the last token of each row penalized: every token of input_ids counts":
+                _penalized(logits, input_ids[:, -1:], penalty),
+        })
+    return ("each token that occurs in its row's input_ids penalized once: logit / penalty if positive, "
+            "logit · penalty if negative; the others unchanged")

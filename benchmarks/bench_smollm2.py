@@ -1,0 +1,86 @@
+"""Greedy decoding of a real model, SmolLM2-135M-Instruct (float32), at batch 1: attnlib against transformers
+and against this machine's weight-streaming limit.
+
+64 new tokens after a chat prompt. Both generate the same tokens (checked first), then attnlib's
+generate and transformers' are timed side by side in alternating rounds. A batch-1 step reads every
+weight once, so tokens/s <= read bandwidth / weight bytes (attnlib.roofline); the bandwidth is
+measured between the rounds (the best of them: other work on the machine only slows a read down).
+Both rows are higher-is-better ratios.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+
+import torch  # noqa: E402
+
+from attnlib.timing import best_time  # noqa: E402
+from benchmarks._harness import Row  # noqa: E402
+
+NEW, ROUNDS = 64, 5
+CHAT = [{"role": "user", "content": "Write a short story about a robot who learns to paint."}]
+
+
+def load_both():
+    """(attnlib decoder, transformers LlamaForCausalLM, prompt ids (1, T)) from the same GGUF file."""
+    from transformers import AutoModelForCausalLM
+
+    from attnlib import load_smollm2
+    from attnlib.pretrained import smollm2_gguf_path
+
+    ours, tokenizer = load_smollm2()
+    path = smollm2_gguf_path()
+    theirs = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32).eval()
+    prompt = tokenizer.apply_chat_template(CHAT, add_generation_prompt=True, return_dict=True, return_tensors="pt")
+    return ours, theirs, prompt["input_ids"]
+
+
+def rows() -> list[Row]:
+    from attnlib import generate
+    from attnlib.roofline import read_bandwidth, streaming_limit, weight_bytes
+
+    ours_model, hf, ids = load_both()
+    ones = torch.ones_like(ids)
+
+    def ours():
+        return generate(ours_model, ids, NEW, eos_token_id=2)
+
+    def theirs():
+        return hf.generate(ids, attention_mask=ones, max_new_tokens=NEW, do_sample=False)
+
+    with torch.inference_mode():
+        tokens = ours()
+        if tokens.shape[1] != ids.shape[1] + NEW or not torch.equal(tokens, theirs()):
+            raise AssertionError("attnlib and transformers did not generate the same 64 tokens")
+        ratios, ours_per_s, bandwidth = [], [], 0.0
+        for r in range(ROUNDS):  # alternating order, each side the faster of two calls
+            if r % 2 == 0:
+                t_ours, t_ref = best_time(ours, 2), best_time(theirs, 2)
+            else:
+                t_ref, t_ours = best_time(theirs, 2), best_time(ours, 2)
+            ratios.append(t_ref / t_ours)
+            ours_per_s.append(NEW / t_ours)
+            bandwidth = max(bandwidth, read_bandwidth())  # between the rounds: the best this machine reached
+    limit = streaming_limit(ours_model, bandwidth)
+    per_s = statistics.median(ours_per_s)
+    what = f"SmolLM2-135M fp32, greedy, batch 1, {NEW} new tokens after a {ids.shape[1]}-token chat prompt"
+    return [
+        Row(f"{what}: tokens/s (ours / transformers')", "attnlib generate",
+            "transformers LlamaForCausalLM.generate", statistics.median(ratios), 2.0, True),
+        Row(f"{what}: tokens/s / weight-streaming limit ({bandwidth / 1e9:.1f} GB/s read / "
+            f"{weight_bytes(ours_model) / 2**20:.0f} MiB "
+            f"of weights = {limit:.1f} tokens/s)",
+            f"attnlib generate, {per_s:.1f} tokens/s", f"the limit, {limit:.1f} tokens/s", per_s / limit, 0.5, True),
+    ]
+
+
+if __name__ == "__main__":
+    from benchmarks._harness import print_table
+
+    torch.set_num_threads(2)
+    print_table(rows())
