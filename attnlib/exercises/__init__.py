@@ -1,10 +1,10 @@
 """Checkers for every exercise in the book: `check_<name>(candidate) -> CheckResult`.
 
-Each chapter's checkers live in their own module (ch01.py ... ch09.py, drill.py for chapter 10, ch11.py) and
+Each chapter's checkers live in their own module (ch01.py ... ch09.py, drill.py for chapter 10, ch11.py, ch13.py) and
 are re-exported here, so a notebook writes `from attnlib.exercises import check_softmax`.
 """
 
-from attnlib.exercises import ch01, ch02, ch03, ch04, ch05, ch06, ch07, ch08, ch09, ch11, drill
+from attnlib.exercises import ch01, ch02, ch03, ch04, ch05, ch06, ch07, ch08, ch09, ch11, ch13, drill
 from attnlib.exercises._core import CheckResult
 from attnlib.exercises.ch01 import *  # noqa: F403
 from attnlib.exercises.ch02 import *  # noqa: F403
@@ -16,9 +16,10 @@ from attnlib.exercises.ch07 import *  # noqa: F403
 from attnlib.exercises.ch08 import *  # noqa: F403
 from attnlib.exercises.ch09 import *  # noqa: F403
 from attnlib.exercises.ch11 import *  # noqa: F403
+from attnlib.exercises.ch13 import *  # noqa: F403
 from attnlib.exercises.drill import *  # noqa: F403
 
 __all__ = ["CheckResult"]
-for _module in (ch01, ch02, ch03, ch04, ch05, ch06, ch07, ch08, ch09, ch11, drill):
+for _module in (ch01, ch02, ch03, ch04, ch05, ch06, ch07, ch08, ch09, ch11, ch13, drill):
     __all__ += _module.__all__
 del _module
