@@ -2,7 +2,8 @@
 
 The contract (the one `MultiHeadAttention`, `LlamaDecoder` and `generate` rely on): layers are filled in
 order; `update(layer_idx, k, v) -> (k_all, v_all)` appends k, v (B, H_kv, S_new, Dh) and returns what
-the new queries attend to; `seq_len` is layer 0's length (where the next token's position starts),
+the new queries attend to; `seq_len` is layer 0's length, the positions it holds, where the next
+token's position starts (a cache that drops positions, as SinkCache, counts what it keeps),
 `get_seq_len(layer_idx)` one layer's, `batch_size` is B, `len(cache)` the number of layers filled,
 and `nbytes` the bytes of what the cache holds now.
 """

@@ -85,7 +85,8 @@ class SinkCache(LayeredCache):
 
         Returns what the new tokens attend to: the positions held, then the new ones, (B, H_kv, S, Dh)
         with S <= num_sinks + window + S_new, each key rotated at its index s in that sequence. Then the
-        layer keeps the sinks and the last `window` of them.
+        layer keeps the sinks and the last `window` of them; the tensors returned are valid until the
+        layer's next update, which moves the kept positions in place.
         """
         if self._check(layer_idx, k, v):
             self._kv.append([None, None])
