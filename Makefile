@@ -1,5 +1,7 @@
 # Two commands: `make book` (build the HTML book) and `make test` (every test).
 VENV   ?= .venv
+# The Python the .venv is made from (.ci/run passes Debian's /usr/bin/python3 when there is one)
+PYTHON ?= python3
 PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip
 TORCH  ?= torch==2.13.0
@@ -17,7 +19,7 @@ unexport MPLBACKEND
 .PHONY: book test test-portable lab bench locale clean
 
 $(PY):
-	python3 -m venv $(VENV)
+	$(PYTHON) -m venv $(VENV)
 	$(PIP) install --quiet --upgrade pip
 	$(PIP) install --quiet "$(TORCH)"   # torch first: a later resolver would pull a CUDA build
 

@@ -52,7 +52,7 @@ def catalogues() -> int:
     if status:
         return status
     return subprocess.call([sys.executable, "-m", "sphinx_intl", "update", "-p", str(pot), "-l", LANGUAGE,
-                            "-d", str(LOCALE)])
+                            "-d", str(LOCALE), "--line-width", "100"])
 
 
 if __name__ == "__main__":

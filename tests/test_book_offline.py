@@ -4,14 +4,13 @@ Runs over _build/html. `make test` builds the book first and sets ATTNBOOK_REQUI
 missing build fails there; a bare `pytest` without a build skips these tests and says why.
 """
 
-import os
 import re
-import sys
 from html.parser import HTMLParser
 from pathlib import Path
 
 import pytest
-from built_book import HTML, ROOT, rel, require_build
+from built_book import HTML, rel, require_build
+from machine_paths import machine_paths, reader_text
 
 EXTERNAL = re.compile(r"^(?:[a-z][a-z0-9+.-]*:)?//", re.IGNORECASE)  # http://, https://, //host
 CSS_URL = re.compile(r"""url\(\s*['"]?([^'")]+)""")
@@ -79,10 +78,6 @@ def test_math_uses_the_bundled_mathjax():
     assert r"\(" in intro or "math notranslate" in intro
 
 
-# Paths that exist only on the machine that built the book: the checkout, the Python environment,
-# the home directory. A traceback or a warning printed while executing a chapter carries them.
-BUILD_PATHS = sorted({str(ROOT), sys.prefix, sys.base_prefix, os.path.expanduser("~")} - {"/", ""}) \
-    + ["site-packages"]
 TEXT_FILES = ("*.html", "*.txt", "*.ipynb", "*.js", "*.json")
 
 
@@ -93,8 +88,7 @@ def _text_files():
 
 @pytest.mark.parametrize("path", _text_files(), ids=rel)
 def test_no_path_of_the_build_machine(path):
-    text = path.read_text(encoding="utf-8", errors="replace")
-    found = [p for p in BUILD_PATHS if p in text]
+    found = machine_paths(reader_text(path))
     assert not found, f"{rel(path)} shows {found} (a traceback or a warning of the build?)"
 
 

@@ -3,8 +3,9 @@
 Every message of locale/zh_CN/LC_MESSAGES/**.po is translated and not fuzzy; a translation keeps
 every inline code span, math span, link target and cross-reference target of its English source
 (the text a reference shows may be translated: `{term}`注意力 <attention>`` keeps the target
-`attention`); and the catalogues hold every message the English sources have today (`make locale`
-refreshes them).
+`attention`; so may the words of a formula's `\\text{...}`: `$\\text{bytes}$` becomes
+`$\\text{字节}$`); and the catalogues hold every message the English sources have today (`make
+locale` refreshes them).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ _CODE = re.compile(r"(`+)(.+?)\1", re.S)                    # `code`, ``code wit
 _DISPLAY_MATH = re.compile(r"\$\$(.+?)\$\$", re.S)
 _INLINE_MATH = re.compile(r"(?<![\\$])\$([^$\n]+?)\$")
 _LINK = re.compile(r"\]\(([^)\s]+)\)")                       # [text](target)
+_MATH_TEXT = re.compile(r"\\text\{[^{}]*\}")                 # words inside a formula: translated
 _TARGETED = {"term", "ref", "doc", "numref", "eq", "download", "py:func", "py:class", "py:meth", "py:mod",
              "py:attr", "py:obj", "func", "class", "meth", "mod", "attr", "obj"}
 
@@ -37,6 +39,11 @@ def _target(role: str, content: str) -> str:
     return target.lower() if role == "term" else target  # glossary terms are matched case-insensitively
 
 
+def _formula(math: str) -> str:
+    """A formula without the words of its `\\text{...}`, which a translation translates."""
+    return _MATH_TEXT.sub(r"\\text{}", math)
+
+
 def invariants(text: str) -> Counter:
     """The parts of a message a translation must keep: code spans, math, link and role targets."""
     parts: Counter = Counter()
@@ -45,9 +52,9 @@ def invariants(text: str) -> Counter:
     rest = _ROLE.sub(" ", text)
     parts.update(f"code {m.group(2)}" for m in _CODE.finditer(rest))
     rest = _CODE.sub(" ", rest)
-    parts.update(f"math {m}" for m in _DISPLAY_MATH.findall(rest))
+    parts.update(f"math {_formula(m)}" for m in _DISPLAY_MATH.findall(rest))
     rest = _DISPLAY_MATH.sub(" ", rest)
-    parts.update(f"math {m}" for m in _INLINE_MATH.findall(rest))
+    parts.update(f"math {_formula(m)}" for m in _INLINE_MATH.findall(rest))
     parts.update(f"link {m}" for m in _LINK.findall(rest))
     return parts
 
@@ -101,6 +108,8 @@ def test_translations_keep_code_math_links_and_references(path):
     ("Read [the paper](https://arxiv.org/abs/1706.03762).", "读[论文](https://arxiv.org/abs/1706.03762)。", False),
     ("Read [the paper](https://arxiv.org/abs/1706.03762).", "读[论文](https://arxiv.org/)。", True),
     ("$$\nx = 1\n$$", "$$\nx = 1\n$$", False),
+    ("$n \\cdot \\text{bytes}$ in all", "共 $n \\cdot \\text{字节}$", False),             # words in a formula
+    ("$n \\cdot \\text{bytes}$ in all", "共 $m \\cdot \\text{字节}$", True),
 ])
 def test_the_invariants_catch_what_a_translation_may_break(english, chinese, broken):
     assert (invariants(english) != invariants(chinese)) == broken
