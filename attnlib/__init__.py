@@ -6,17 +6,20 @@ D model width, Dh head width. Masks are bool, True = may attend.
 
 from attnlib import masks, positional
 from attnlib.attention import attention, softmax
+from attnlib.caches import LatentCache, PagedKVCache, QuantizedKVCache, SinkCache
 from attnlib.decoder import LlamaDecoder
 from attnlib.encoder import mean_pool
 from attnlib.generation import generate
 from attnlib.kv_cache import KVCache
 from attnlib.mha import MultiHeadAttention
 from attnlib.minilm import load_minilm
+from attnlib.mla import MultiHeadLatentAttention
 from attnlib.pretrained import load_smollm2
 from attnlib.tiled import tiled_attention
 from attnlib.transformer import Transformer
 from attnlib import exercises  # noqa: E402  (after the modules its checkers compare against)
 
 __all__ = ["softmax", "attention", "masks", "MultiHeadAttention", "KVCache", "tiled_attention",
-           "load_minilm", "mean_pool", "LlamaDecoder", "generate", "Transformer", "load_smollm2", "exercises", "positional"]
+           "load_minilm", "mean_pool", "LlamaDecoder", "generate", "Transformer", "load_smollm2", "exercises", "positional",
+           "SinkCache", "PagedKVCache", "QuantizedKVCache", "MultiHeadLatentAttention", "LatentCache"]
 __version__ = "0.1.0"

@@ -1,0 +1,147 @@
+"""Checkers for chapter 13 (beyond GQA): a sliding-window mask, a rolling-buffer update, a block-table
+lookup (the int8 quantization checker lives in ch13_int8)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+import torch
+
+from attnlib.exercises._core import CandidateError, as_tensor, checker, expect_close, matching, run
+from attnlib.exercises.ch07 import _tensor_or_named
+from attnlib.exercises.ch13_int8 import check_int8_quantization
+
+__all__ = ["check_sliding_window_mask", "check_rolling_buffer_update", "check_block_table_lookup",
+           "check_int8_quantization"]
+
+
+def _window_mask(T: int, lo: int, hi: int) -> torch.Tensor:
+    """(T, T) bool, True where lo <= i - j <= hi: query i may see the keys lo .. hi positions back."""
+    d = torch.arange(T)[:, None] - torch.arange(T)[None, :]   # (T, T): i - j, how far back key j is
+    return (d >= lo) & (d <= hi)
+
+
+def _as_bool_mask(got: object, what: str, T: int) -> torch.Tensor:
+    """The reader's mask as (T, T) bool: bool or 0/1 integers, an additive 0/-inf float mask, leading 1-dims."""
+    if isinstance(got, (np.ndarray, list)):
+        got = torch.as_tensor(np.asarray(got))
+    got = as_tensor(got, what)
+    while got.dim() > 2 and got.shape[0] == 1:
+        got = got[0]                                           # (1, 1, T, T) broadcasts like (T, T)
+    got = as_tensor(got, what, shape=(T, T))
+    if got.dtype == torch.bool:
+        return got
+    values = set(got.unique().tolist())
+    if got.is_floating_point() and values <= {0.0, float("-inf")}:
+        return got == 0                                        # the additive convention: 0 = may attend
+    if got.is_floating_point() and values <= {0.0, 1.0}:
+        raise CandidateError(f"{what} is a float mask of 0s and 1s: SDPA adds a float mask to the scores, so "
+                             f"it would add 1 to some scores and hide nothing. Return bool (True = may attend)")
+    if not got.is_floating_point() and values <= {0, 1}:
+        return got.bool()
+    raise CandidateError(f"{what} holds {sorted(values)[:4]}: return a bool mask, True = may attend")
+
+
+@checker("sliding-window mask")
+def check_sliding_window_mask(fn: Callable[[int, int], torch.Tensor]) -> str:
+    """fn(T, window) returns a (T, T) bool mask, True = may attend: query i sees keys i - window + 1 .. i,
+    the last `window` positions, itself included (Mistral's sliding window)."""
+    for T, window in ((9, 3), (6, 1), (4, 7), (5, 5)):
+        what = f"sliding_window_mask(T={T}, window={window})"
+        got = _as_bool_mask(run(fn, T, window, what=what), what, T)
+        right = _window_mask(T, 0, window - 1)
+        if torch.equal(got, right):
+            continue
+        mistakes = {
+            "window + 1 keys per query: the bound is off by one (keys i - window .. i; tril/triu diagonals "
+            "are inclusive)": _window_mask(T, 0, window),
+            "window - 1 keys per query: the bound is off by one (the query itself counts in its window)":
+                _window_mask(T, 0, window - 2),
+            "no causal limit: keys after the query are visible (|i - j| < window)": _window_mask(T, 1 - window, window - 1),
+            "an inverted mask (True where attention is forbidden)": ~right,
+            "the window counted forward (keys i .. i + window - 1): the mask is transposed": right.T,
+            "a plain causal mask: the window is never applied": _window_mask(T, 0, T),
+            "the window without the causal limit: every later key is visible too": _window_mask(T, -T, window - 1),
+            "the first `window` keys instead of the last": _window_mask(T, 0, T) & (torch.arange(T) < window),
+        }
+        found = [name for name, m in mistakes.items() if torch.equal(got, m)]
+        raise CandidateError(f"{what} is wrong" + (f": it is {found[0]}" if found else
+                             f": row {int((got != right).any(1).nonzero()[0])} differs and it matches none of the "
+                             f"usual mistakes"))
+    return "query i sees keys i - window + 1 .. i: the last `window` positions, itself included"
+
+
+@checker("rolling-buffer update")
+def check_rolling_buffer_update(fn: Callable[[torch.Tensor, torch.Tensor, int], torch.Tensor | None]) -> str:
+    """fn(buffer, k, pos) with buffer (B, H_kv, W, Dh) and k (B, H_kv, 1, Dh), the key of position `pos`
+    (0, 1, 2, ...), writes k into slot pos % W and returns the buffer (or None after writing in place)."""
+    B, H_kv, W, Dh, steps = 2, 3, 4, 5, 11                # the stream wraps around the buffer twice
+    stream = torch.randn(B, H_kv, steps, Dh)
+    buffer, want = torch.zeros(B, H_kv, W, Dh), torch.zeros(B, H_kv, W, Dh)
+    for pos in range(steps):
+        k = stream[:, :, pos:pos + 1].clone()
+        what = f"rolling_update(buffer, k, pos={pos}) with a buffer of W={W} slots"
+        before, k_before = buffer.clone(), k.clone()
+        try:
+            got = run(lambda: fn(buffer, k, pos), what=what)  # writing into the buffer is allowed
+        except CandidateError as exc:
+            wrapped = pos >= W and "out of bounds" in str(exc)
+            raise CandidateError(str(exc) + (f". Position {pos} is past the last slot: a rolling buffer "
+                                             f"wraps around, slot = pos % W" if wrapped else "")) from None
+        if not torch.equal(k, k_before):
+            raise CandidateError(f"{what} changed k in place: the caller's new key is overwritten")
+        got = buffer if got is None else got
+        want[:, :, pos % W] = k[:, :, 0]
+        got = _tensor_or_named(got, what, tuple(want.shape), {
+            "the new key alone, not the buffer": k,
+            "the buffer with the key appended (W + 1 slots): a rolling buffer overwrites a slot": torch.cat([before, k], 2),
+        })
+        shifted = torch.cat([before[:, :, 1:], k], dim=2)
+        expect_close(got, want, what, atol=0, mistakes={
+            "the buffer shifted by one and the new key appended: a sliding window in time order, which copies "
+            "all W slots at every step; a rolling buffer overwrites one slot, pos % W": shifted,
+            "the key written into slot (pos + 1) % W: off by one": _written(before, k, (pos + 1) % W),
+            "the key written into slot (pos - 1) % W: off by one": _written(before, k, (pos - 1) % W),
+            "the buffer unchanged: the new key was never written": before,
+            "the key written into every slot": k.expand_as(before),
+        })
+        buffer = got
+    return f"position p goes to slot p % W: after {steps} keys the buffer holds the last {W}, each in its slot"
+
+
+def _written(buffer: torch.Tensor, k: torch.Tensor, slot: int) -> torch.Tensor:
+    out = buffer.clone()
+    out[:, :, slot] = k[:, :, 0]
+    return out
+
+
+@checker("block-table lookup")
+def check_block_table_lookup(fn: Callable[[torch.Tensor, torch.Tensor, int], torch.Tensor]) -> str:
+    """fn(pool, block_table, seq_len) with pool (num_blocks, block_size, H_kv, Dh) and block_table (n,) int64
+    returns one sequence's keys (H_kv, seq_len, Dh): position p is slot p % block_size of block
+    block_table[p // block_size]."""
+    N, bs, H_kv, Dh = 9, 4, 2, 3
+    pool = torch.randn(N, bs, H_kv, Dh)
+    for table, S in (([7, 2, 5], 10), ([3, 0, 8, 1], 16), ([6, 4, 0], 9)):
+        table = torch.tensor(table)
+        what = f"lookup(pool, block_table={table.tolist()}, seq_len={S}) with blocks of {bs} slots"
+        got = run(fn, pool.clone(), table.clone(), S, what=what)
+        if isinstance(got, torch.Tensor) and got.dim() == 4 and got.shape[0] == 1:
+            got = got[0]                                      # a batch of one is fine
+        blocks = pool[table]                                  # (n, bs, H_kv, Dh): the sequence's blocks in order
+        right = blocks.flatten(0, 1)[:S].transpose(0, 1)      # (S, H_kv, Dh) -> (H_kv, S, Dh)
+        shapes = {
+            "(seq_len, H_kv, Dh): the head axis must come before the positions": right.transpose(0, 1),
+            "every slot of the last block, not only the first seq_len positions": blocks.flatten(0, 1).transpose(0, 1),
+            "the blocks themselves (n, block_size, H_kv, Dh): flatten them into one sequence": blocks,
+        }
+        got = _tensor_or_named(got, what, (H_kv, S, Dh),
+                               {name: m for name, m in shapes.items() if m.shape != right.shape})
+        n = len(table)
+        expect_close(got, right, what, atol=0, mistakes={
+            "blocks 0, 1, 2, ... of the pool in order: the block table was not used": pool[:n].flatten(0, 1)[:S].transpose(0, 1),
+            "positions and heads mixed by a reshape: move the head axis with transpose/permute, not view":
+                blocks.reshape(H_kv, n * bs, Dh)[:, :S],
+        })
+    return "position p read from slot p % block_size of block block_table[p // block_size], for 3 block tables"
