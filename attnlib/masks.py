@@ -23,18 +23,22 @@ __all__ = ["causal_mask", "padding_mask", "lengths_to_valid", "from_hf",
            "from_key_padding_mask", "combine", "check_mask"]
 
 
-def causal_mask(T: int, S: int | None = None, *, device: torch.device | str | None = None) -> torch.Tensor:
+def causal_mask(T: int, S: int | None = None, *, window: int | None = None,
+                device: torch.device | str | None = None) -> torch.Tensor:
     """(T, S) bool mask, aligned bottom-right: query i may see keys j <= i + (S - T).
 
     With S = T this is the usual lower triangle. With S > T (T new queries after S - T cached
     keys) the last query sees every key, which is what a KV cache needs. SDPA's is_causal aligns
-    top-left instead (j <= i), which is only the same when T == S.
+    top-left instead (j <= i), which is only the same when T == S. A sliding `window` (Mistral's)
+    also hides the keys more than window - 1 positions back: query i sees the last `window` keys up
+    to itself, i + (S - T) - window < j <= i + (S - T).
     """
     S = T if S is None else S
-    for name, n in (("T", T), ("S", S)):
+    for name, n in (("T", T), ("S", S)) + ((("window", window),) if window is not None else ()):
         if isinstance(n, bool) or not isinstance(n, int) or n < 1:
             raise ValueError(f"{name} must be a positive int, got {n!r}")
-    return torch.ones(T, S, dtype=torch.bool, device=device).tril(diagonal=S - T)
+    mask = torch.ones(T, S, dtype=torch.bool, device=device).tril(diagonal=S - T)
+    return mask if window is None else mask.triu(diagonal=S - T - window + 1)
 
 
 def _two_d(mask: object, name: str, meaning: str) -> torch.Tensor:
