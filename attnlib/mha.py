@@ -87,12 +87,13 @@ class MultiHeadAttention(nn.Module):
 
     Parameters: `qkv`, one fused projection D -> (H + 2 H_kv) Dh whose output rows are ordered
     [q; k; v], and `out`, D -> D. `rotary` (an attnlib.positional.RotaryEmbedding) rotates q and k
-    by their positions before the cache, as in Llama.
+    by their positions before the cache, as in Llama. `window` (Mistral's sliding window): with
+    is_causal, each query sees only the last `window` keys up to itself (masks.causal_mask).
     """
 
     def __init__(self, d_model: int, num_heads: int, num_kv_heads: int | None = None, *,
                  bias: bool = True, dropout: float = 0.0, layer_idx: int = 0,
-                 rotary: nn.Module | None = None) -> None:
+                 rotary: nn.Module | None = None, window: int | None = None) -> None:
         super().__init__()
         num_kv_heads = num_heads if num_kv_heads is None else num_kv_heads
         if num_heads < 1 or d_model < 1 or d_model % num_heads:
@@ -103,9 +104,11 @@ class MultiHeadAttention(nn.Module):
                              f"(MHA: equal, GQA: a divisor, MQA: 1)")
         if not 0.0 <= dropout < 1.0:
             raise ValueError(f"dropout must be in [0, 1), got {dropout}")
+        if window is not None and (isinstance(window, bool) or not isinstance(window, int) or window < 1):
+            raise ValueError(f"window must be an int >= 1 (keys a query sees, itself included) or None, got {window!r}")
         self.d_model, self.num_heads, self.num_kv_heads = d_model, num_heads, num_kv_heads
         self.head_dim = d_model // num_heads
-        self.dropout, self.layer_idx, self.rotary = dropout, layer_idx, rotary
+        self.dropout, self.layer_idx, self.rotary, self.window = dropout, layer_idx, rotary, window
         self.qkv = nn.Linear(d_model, (num_heads + 2 * num_kv_heads) * self.head_dim, bias=bias)
         self.out = nn.Linear(d_model, d_model, bias=bias)
 
@@ -146,7 +149,9 @@ class MultiHeadAttention(nn.Module):
         """x (B, T, D), context (B, S, D) or None (self-attention) -> (B, T, D).
 
         mask: bool, True = may attend, broadcastable to (B, H, T, S); is_causal ANDs the bottom-right
-        causal mask. With a cache, the T new tokens attend to every cached position as well.
+        causal mask (and the sliding window, if the layer has one). With a cache, the T new tokens
+        attend to the positions it returns as well; when it returns only the latest S of the positions
+        seen (a KVCache under a sliding window), a mask over all of them applies by its last S keys.
         positions (T,) or (B, T): where the T tokens stand, for `rotary` (default: after the cache);
         or rope = rotary.cos_sin(positions), looked up once by a decoder for all its layers.
         need_weights=True also returns the weights (B, H, T, S) actually applied to V.
@@ -166,14 +171,17 @@ class MultiHeadAttention(nn.Module):
             k, v = cache.update(self.layer_idx, k, v)  # (B, H_kv, S_past + T, Dh)
         B, _, T, _ = q.shape
         S = k.shape[2]
+        if isinstance(mask, torch.Tensor) and cache is not None and S < mask.shape[-1] == cache.get_seq_len(self.layer_idx):
+            mask = mask[..., -S:]                      # a rolling cache returned the last S positions seen
         allowed = _masks.check_mask(mask, (B, self.num_heads, T, S)) if mask is not None else None
         p = self.dropout if self.training else 0.0
-        if not need_weights and is_causal and allowed is None and T == S:  # top-left == bottom-right
+        window = self.window if self.window is not None and self.window < S else None  # None: hides nothing
+        if not need_weights and is_causal and allowed is None and T == S and window is None:  # top-left == bottom-right
             y = F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=True,
                                                enable_gqa=self.num_heads > self.num_kv_heads)
             return self.out(merge_heads(y))
-        if is_causal:
-            allowed = _masks.combine(allowed, _masks.causal_mask(T, S, device=x.device))
+        if is_causal and (T > 1 or window is not None or self.window is None):
+            allowed = _masks.combine(allowed, _masks.causal_mask(T, S, window=window, device=x.device))
         if not need_weights:
             y = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, dropout_p=p,
                                                enable_gqa=self.num_heads > self.num_kv_heads)
