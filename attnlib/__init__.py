@@ -6,11 +6,10 @@ D model width, Dh head width. Masks are bool, True = may attend.
 
 from attnlib import masks, positional
 from attnlib.attention import attention, softmax
-from attnlib.caches import LatentCache, PagedKVCache, QuantizedKVCache, SinkCache
+from attnlib.caches import KVCache, LatentCache, PagedKVCache, QuantizedKVCache, SinkCache
 from attnlib.decoder import LlamaDecoder
 from attnlib.encoder import mean_pool
 from attnlib.generation import generate
-from attnlib.kv_cache import KVCache
 from attnlib.mha import MultiHeadAttention
 from attnlib.minilm import load_minilm
 from attnlib.mla import MultiHeadLatentAttention

@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from attnlib.kv_cache import KVCache
+from attnlib.caches import KVCache
 from attnlib.mha import MultiHeadAttention, merge_heads, split_heads
 
 __all__ = ["DecoderCache", "memory_kv", "attend_memory"]

@@ -3,7 +3,7 @@
     h = x + Attn(RMSNorm(x)),   out = h + SwiGLU(RMSNorm(h)),   logits = RMSNorm(out_L) W_vocab
 
 Attention is attnlib's MultiHeadAttention with H query heads and H_kv key/value heads (GQA) whose
-queries and keys are rotated by RoPE; a cache (attnlib.kv_cache.Cache: KVCache or any other) carries
+queries and keys are rotated by RoPE; a cache (attnlib.caches.Cache: KVCache or any other) carries
 the keys and values of earlier tokens. `LlamaDecoder.from_hf(model)` copies a transformers
 LlamaForCausalLM's weights; W_vocab is the embedding matrix itself when the model ties them.
 """
@@ -17,13 +17,23 @@ from torch import nn
 from attnlib import masks as _masks
 from attnlib._checks import fmt_shape, require_tensor
 from attnlib._hf_llama import decoder_kwargs, hf_tensor
-from attnlib.kv_cache import Cache, check_cache, check_token_ids
+from attnlib.caches import Cache, check_cache
 from attnlib.mha import MultiHeadAttention
 from attnlib.positional import RotaryEmbedding
 
-__all__ = ["rms_norm", "column_major", "RMSNorm", "SwiGLU", "LlamaBlock", "LlamaDecoder"]
+__all__ = ["rms_norm", "column_major", "RMSNorm", "SwiGLU", "LlamaBlock", "LlamaDecoder", "check_token_ids"]
 
 _HALF = (torch.float16, torch.bfloat16)
+
+
+def check_token_ids(input_ids: object) -> torch.Tensor:
+    """Return input_ids if it is a (B, T) integer tensor with T >= 1, else raise ValueError."""
+    require_tensor(input_ids, "input_ids")
+    if input_ids.dim() != 2 or input_ids.shape[1] < 1 or input_ids.is_floating_point() \
+            or input_ids.dtype == torch.bool:
+        raise ValueError(f"input_ids of shape {fmt_shape(input_ids.shape)} and dtype {input_ids.dtype} "
+                         f"is not (B, T) integer token ids with T >= 1")
+    return input_ids
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:

@@ -18,8 +18,8 @@ import torch
 from attnlib import masks as _masks
 from attnlib._checks import fmt_shape
 from attnlib.decode_step import DecodeStep
-from attnlib.decoder import LlamaDecoder
-from attnlib.kv_cache import Cache, KVCache, check_token_ids
+from attnlib.caches import Cache, KVCache
+from attnlib.decoder import LlamaDecoder, check_token_ids
 
 __all__ = ["generate", "sample_logits", "top_k_filter", "top_p_filter"]
 
@@ -123,7 +123,7 @@ def generate(decoder: torch.nn.Module, input_ids: torch.Tensor, max_new_tokens: 
 
     Greedy (argmax) unless do_sample, which draws with sample_logits (temperature, top_k, top_p,
     generator: without do_sample, setting them is an error, not ignored). attention_mask (B, T), 1 = real token, allows a left-padded batch. cache: the cache
-    to fill (default a new KVCache; any attnlib.kv_cache.Cache). A row that has produced an
+    to fill (default a new KVCache; any attnlib.caches.Cache). A row that has produced an
     eos_token_id produces only that token afterwards; the loop stops once every row has.
     """
     check_token_ids(input_ids)
@@ -137,7 +137,7 @@ def generate(decoder: torch.nn.Module, input_ids: torch.Tensor, max_new_tokens: 
         raise ValueError("cache was given with use_cache=False: pass one or the other")
     if cache is not None and (not isinstance(cache, Cache) or len(cache) or cache.seq_len):
         raise ValueError(f"cache must be an empty cache to fill (attnlib.KVCache() or another "
-                         f"attnlib.kv_cache.Cache), got {cache!r}")
+                         f"attnlib.caches.Cache), got {cache!r}")
     B, T = input_ids.shape
     out = input_ids.new_empty(B, T + max_new_tokens)        # (B, T + new): the prompt, then the new tokens
     out[:, :T] = input_ids

@@ -16,7 +16,7 @@ from torch import nn
 from attnlib import masks as _masks
 from attnlib._checks import fmt_shape, require_dims, require_float_tensor
 from attnlib.attention import attention
-from attnlib.kv_cache import KVCache
+from attnlib.caches import KVCache
 from attnlib.positional import apply_rope
 
 __all__ = ["MultiHeadAttention", "split_heads", "merge_heads", "repeat_kv"]

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from attnlib import KVCache, LlamaDecoder
-from attnlib.kv_cache import Cache, cache_bytes
+from attnlib.caches import Cache, cache_bytes
 from test_decoder import ids, tiny_llama
 
 

@@ -1,4 +1,4 @@
-"""What the caches of attnlib.caches share with KVCache: its contract, its checks, a growing buffer.
+"""What the caches of attnlib.caches share: the contract every cache keeps, its checks, a growing buffer.
 
 The contract (the one `MultiHeadAttention`, `LlamaDecoder` and `generate` rely on): layers are filled in
 order; `update(layer_idx, k, v) -> (k_all, v_all)` appends k, v (B, H_kv, S_new, Dh) and returns what
@@ -10,11 +10,68 @@ and `nbytes` the bytes of what the cache holds now.
 
 from __future__ import annotations
 
+from typing import Protocol, runtime_checkable
+
 import torch
 
 from attnlib._checks import fmt_shape, require_float_tensor
 
-__all__ = ["LayeredCache", "append_rows"]
+__all__ = ["Cache", "check_cache", "LayeredCache", "append_rows"]
+
+
+@runtime_checkable
+class Cache(Protocol):
+    """What a cache for a whole model promises: the one contract attention layers, LlamaDecoder and
+    `generate(..., cache=...)` rely on. KVCache keeps it; so does any other cache (a sink, paged or
+    quantized one), whatever it stores inside. No caller reaches into a cache's private buffers.
+
+    - `update(layer_idx, k, v) -> (k_all, v_all)`: take the new positions' k (B, H_kv, S_new, Dh) and
+      v (B, H_kv, S_new, Dv) of layer `layer_idx` (layers are filled in order, 0 first) and return
+      the keys and values that the layer's new queries attend to, (B, H_kv, S, Dh) and (..., Dv),
+      the new ones last.
+    - `seq_len`: positions seen so far (layer 0's count): the next token's position.
+    - `get_seq_len(layer_idx)`: the same for one layer (0 if it has nothing yet).
+    - `batch_size`: B of the cached sequences, None while empty.
+    - `len(cache)`: the number of layers filled.
+    - `nbytes`: bytes of the keys and values held now (what is kept, scales included).
+    """
+
+    def update(self, layer_idx: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]: ...
+
+    @property
+    def seq_len(self) -> int: ...
+
+    def get_seq_len(self, layer_idx: int) -> int: ...
+
+    @property
+    def batch_size(self) -> int | None: ...
+
+    def __len__(self) -> int: ...
+
+    @property
+    def nbytes(self) -> int: ...
+
+
+def check_cache(cache: object, num_layers: int, B: int) -> int:
+    """Positions `cache` holds for a model of num_layers layers fed a batch of B sequences (0 for None);
+    a TypeError for an object without the Cache contract, a ValueError for another model's or batch's."""
+    if cache is None:
+        return 0
+    if not isinstance(cache, Cache):
+        raise TypeError(f"cache must be an attnlib.KVCache, got {type(cache).__name__} (or another cache that "
+                        f"keeps attnlib.caches.Cache's contract: update, seq_len, get_seq_len, batch_size, "
+                        f"len, nbytes)")
+    new = f"start a new {type(cache).__name__}"
+    if len(cache) not in (0, num_layers):
+        raise ValueError(f"the cache holds {len(cache)} layers but this decoder has {num_layers}: "
+                         f"a cache belongs to one model; {new}")
+    if len(cache) and cache.batch_size != B:
+        raise ValueError(f"the cache holds a batch of B={cache.batch_size} sequences, got input_ids "
+                         f"with B={B}: a cache belongs to one batch; {new}")
+    if len({cache.get_seq_len(i) for i in range(len(cache))}) > 1:
+        raise ValueError(f"the cache's layers hold different lengths (an earlier call failed "
+                         f"half-way); {new}")
+    return cache.seq_len
 
 
 def append_rows(buffer: torch.Tensor | None, length: int, x: torch.Tensor) -> torch.Tensor:

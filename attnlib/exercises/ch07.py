@@ -9,7 +9,7 @@ from torch.overrides import TorchFunctionMode
 
 from attnlib.exercises._core import CandidateError, as_tensor, checker, expect_close, matching, run
 from attnlib.gqa import mean_pool_kv_heads
-from attnlib.kv_cache import cache_bytes
+from attnlib.caches import cache_bytes
 from attnlib.mha import repeat_kv
 
 __all__ = ["check_repeat_kv", "check_kv_cache_bytes", "check_mean_pool_kv_heads"]

@@ -10,7 +10,7 @@ from attnlib.decoder import LlamaDecoder
 from attnlib.exercises._core import CandidateError, as_tensor, checker, expect_close, matching, run
 from attnlib.exercises.ch07 import _tensor_or_named
 from attnlib.generation import generate
-from attnlib.kv_cache import KVCache
+from attnlib.caches import KVCache
 
 __all__ = ["check_cache_update", "check_left_pad_positions", "check_cached_decode"]
 

@@ -2,20 +2,17 @@
 
 At decode step t, the keys and values of positions 0..t-1 do not change, so each attention layer
 stores them once and appends the new token's (k, v). The cache holds H_kv heads per layer, never
-repeated to H: that is grouped-query attention's memory saving. `Cache` is the contract every cache
-keeps (attention layers, LlamaDecoder and attnlib.generation.generate rely on nothing else);
-`KVCache` is the plain one.
+repeated to H: that is grouped-query attention's memory saving. `KVCache` is the plain cache; it
+keeps the contract of attnlib.caches.Cache, as every cache of attnlib.caches does.
 """
 
 from __future__ import annotations
 
-from typing import Protocol, runtime_checkable
-
 import torch
 
-from attnlib._checks import fmt_shape, require_float_tensor, require_tensor
+from attnlib._checks import fmt_shape, require_float_tensor
 
-__all__ = ["Cache", "KVCache", "cache_bytes", "check_cache"]
+__all__ = ["KVCache", "cache_bytes"]
 
 
 def cache_bytes(num_layers: int, num_kv_heads: int, head_dim: int, seq_len: int, *,
@@ -25,39 +22,6 @@ def cache_bytes(num_layers: int, num_kv_heads: int, head_dim: int, seq_len: int,
     bytes_per_element is 2 for fp16/bf16, 4 for fp32. For MHA, num_kv_heads = num_heads.
     """
     return 2 * num_layers * batch_size * num_kv_heads * seq_len * head_dim * bytes_per_element
-
-
-@runtime_checkable
-class Cache(Protocol):
-    """What a cache for a whole model promises: the one contract attention layers, LlamaDecoder and
-    `generate(..., cache=...)` rely on. KVCache keeps it; so does any other cache (a sink, paged or
-    quantized one), whatever it stores inside. No caller reaches into a cache's private buffers.
-
-    - `update(layer_idx, k, v) -> (k_all, v_all)`: take the new positions' k (B, H_kv, S_new, Dh) and
-      v (B, H_kv, S_new, Dv) of layer `layer_idx` (layers are filled in order, 0 first) and return
-      the keys and values that the layer's new queries attend to, (B, H_kv, S, Dh) and (..., Dv),
-      the new ones last.
-    - `seq_len`: positions seen so far (layer 0's count): the next token's position.
-    - `get_seq_len(layer_idx)`: the same for one layer (0 if it has nothing yet).
-    - `batch_size`: B of the cached sequences, None while empty.
-    - `len(cache)`: the number of layers filled.
-    - `nbytes`: bytes of the keys and values held now (what is kept, scales included).
-    """
-
-    def update(self, layer_idx: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]: ...
-
-    @property
-    def seq_len(self) -> int: ...
-
-    def get_seq_len(self, layer_idx: int) -> int: ...
-
-    @property
-    def batch_size(self) -> int | None: ...
-
-    def __len__(self) -> int: ...
-
-    @property
-    def nbytes(self) -> int: ...
 
 
 class KVCache:
@@ -151,35 +115,3 @@ class KVCache:
             return "KVCache(empty)"
         B, H_kv, _, Dh = self._k[0].shape
         return f"KVCache(layers={len(self)}, seq_len={self.seq_len}, B={B}, H_kv={H_kv}, Dh={Dh})"
-
-
-def check_token_ids(input_ids: object) -> torch.Tensor:
-    """Return input_ids if it is a (B, T) integer tensor with T >= 1, else raise ValueError."""
-    require_tensor(input_ids, "input_ids")
-    if input_ids.dim() != 2 or input_ids.shape[1] < 1 or input_ids.is_floating_point() \
-            or input_ids.dtype == torch.bool:
-        raise ValueError(f"input_ids of shape {fmt_shape(input_ids.shape)} and dtype {input_ids.dtype} "
-                         f"is not (B, T) integer token ids with T >= 1")
-    return input_ids
-
-
-def check_cache(cache: object, num_layers: int, B: int) -> int:
-    """Positions `cache` holds for a model of num_layers layers fed a batch of B sequences (0 for None);
-    a TypeError for an object without the Cache contract, a ValueError for another model's or batch's."""
-    if cache is None:
-        return 0
-    if not isinstance(cache, Cache):
-        raise TypeError(f"cache must be an attnlib.KVCache, got {type(cache).__name__} (or another cache that "
-                        f"keeps attnlib.kv_cache.Cache's contract: update, seq_len, get_seq_len, batch_size, "
-                        f"len, nbytes)")
-    new = f"start a new {type(cache).__name__}"
-    if len(cache) not in (0, num_layers):
-        raise ValueError(f"the cache holds {len(cache)} layers but this decoder has {num_layers}: "
-                         f"a cache belongs to one model; {new}")
-    if len(cache) and cache.batch_size != B:
-        raise ValueError(f"the cache holds a batch of B={cache.batch_size} sequences, got input_ids "
-                         f"with B={B}: a cache belongs to one batch; {new}")
-    if len({cache.get_seq_len(i) for i in range(len(cache))}) > 1:
-        raise ValueError(f"the cache's layers hold different lengths (an earlier call failed "
-                         f"half-way); {new}")
-    return cache.seq_len
