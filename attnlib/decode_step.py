@@ -26,7 +26,7 @@ import torch.nn.functional as F
 from torch.utils.weak import WeakTensorKeyDictionary
 
 from attnlib.decoder import LlamaDecoder, rms_norm
-from attnlib.kv_cache import KVCache, check_cache
+from attnlib.caches import KVCache, check_cache
 
 __all__ = ["DecodeStep", "PACK_MIN"]
 
