@@ -1,5 +1,6 @@
 """The checker framework: never raises, says 'not attempted yet' for stubs, names the reader's line."""
 
+import pytest
 import torch
 
 from attnlib.exercises._core import CandidateError, CheckResult, as_tensor, checker, expect_close, run
@@ -108,3 +109,19 @@ def test_in_place_softmax_fails_check_stable_softmax():
 def test_complex_results_are_refused_by_every_checker():
     result = check_double(lambda x: (2 * x).to(torch.complex64))
     assert not result.passed and "complex tensor" in result.message
+
+
+@pytest.mark.parametrize("flip, name", [
+    (lambda: torch.use_deterministic_algorithms(True), "use_deterministic_algorithms"),
+    (lambda: torch.autograd.set_detect_anomaly(True), "set_detect_anomaly"),
+    (lambda: torch.set_num_threads(max(1, torch.get_num_threads() % 2 + 1)), "set_num_threads"),
+])
+def test_global_switches_a_candidate_leaves_flipped_are_put_back_and_named(flip, name):
+    before = (torch.are_deterministic_algorithms_enabled(), torch.is_anomaly_enabled(), torch.get_num_threads())
+
+    def flips(x):
+        flip()
+        return 2 * x
+    result = check_double(flips)
+    assert not result.passed and name in result.message, result.message
+    assert (torch.are_deterministic_algorithms_enabled(), torch.is_anomaly_enabled(), torch.get_num_threads()) == before

@@ -99,10 +99,30 @@ def _snapshot() -> tuple:
     return torch.get_default_dtype(), torch.is_grad_enabled(), torch.get_default_device()
 
 
+def _restore_flags(what: str) -> Iterator[list[str]]:
+    """Deterministic-algorithms mode, anomaly detection and the thread count: global switches a reader's
+    code may flip and leave flipped; each is put back and named."""
+    before = (torch.are_deterministic_algorithms_enabled(), torch.is_anomaly_enabled(), torch.get_num_threads())
+    found: list[str] = []
+    try:
+        yield found
+    finally:
+        after = (torch.are_deterministic_algorithms_enabled(), torch.is_anomaly_enabled(), torch.get_num_threads())
+        for name, old, new, put_back in (
+                ("torch.use_deterministic_algorithms", before[0], after[0], torch.use_deterministic_algorithms),
+                ("torch.autograd.set_detect_anomaly", before[1], after[1], torch.autograd.set_detect_anomaly),
+                ("torch.set_num_threads", before[2], after[2], torch.set_num_threads)):
+            if new != old:
+                put_back(old)
+                found.append(f"{what} called {name}({new}) and left it set: a global setting that changes the rest "
+                             f"of your session. The checker set it back to {old}")
+
+
 @contextlib.contextmanager
 def changed_state(what: str) -> Iterator[list[str]]:
     """Yield a list that, after the block, holds what `what` changed in torch's global state (the default
-    dtype, the grad mode, the default device, a call to torch.manual_seed), each already put back."""
+    dtype, the grad mode, the default device, a call to torch.manual_seed, deterministic mode, anomaly detection,
+    the thread count), each already put back."""
     before, seeded, found = _snapshot(), [], []
     original = torch.manual_seed
 
@@ -111,8 +131,10 @@ def changed_state(what: str) -> Iterator[list[str]]:
         return original(seed)
 
     torch.manual_seed = torch.random.manual_seed = manual_seed
+    flags = contextlib.contextmanager(_restore_flags)(what)
     try:
-        yield found
+        with flags as flipped:
+            yield found
     finally:
         torch.manual_seed = torch.random.manual_seed = original
         dtype, grad, device = _snapshot()
@@ -122,7 +144,7 @@ def changed_state(what: str) -> Iterator[list[str]]:
             torch.set_grad_enabled(before[1])
         if device != before[2]:  # None: no default-device mode at all, as before
             torch.set_default_device(None if before[2] == torch.device("cpu") else before[2])
-        found += _describe(what, before, (dtype, grad, device), seeded)
+        found += _describe(what, before, (dtype, grad, device), seeded) + flipped
 
 
 def _describe(what: str, before: tuple, after: tuple, seeded: list) -> list[str]:
