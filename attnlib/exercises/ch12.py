@@ -8,7 +8,8 @@ from collections.abc import Callable
 
 import torch
 
-from attnlib.exercises._core import CandidateError, as_tensor, checker, expect_close, full_precision, matching, run
+from attnlib.exercises._core import (CandidateError, _arg_names, as_tensor, checker, expect_close, full_precision,
+                                    matching, run)
 from attnlib.generation import top_p_filter
 from attnlib.heads import induction_score
 
@@ -65,6 +66,20 @@ def _top_p_mistakes(logits: torch.Tensor, p: float) -> dict[str, torch.Tensor]:
             top_p_filter(logits, p).gather(-1, order),
         "the softmax or cumulative sum over the batch axis (dim=0) instead of the vocabulary (dim=-1)":
             keep(_kept_before_p(by_batch.transpose(0, 1), p).transpose(0, 1)),
+        "one token too many kept (the one after the token that crosses p): the nucleus ends with the token "
+        "whose probability brings the sum to p": keep(_unsort(desc.cumsum(-1) - desc - desc.roll(1, -1) * (
+            torch.arange(desc.shape[-1]) > 0) < p, order)),
+        "the sorted mask put back with gather (which sorts it again) instead of scatter: mask.scatter(-1, "
+        "order, mask) puts each decision at its token's vocabulary position":
+            keep(~(~_kept_before_p(desc, p)).gather(-1, order)),
+        "the tokens removed from one row removed from every row (indices taken across the batch, as in code "
+        "written for a single sequence): each row has its own nucleus":
+            keep(~(~_unsort(_kept_before_p(desc, p), order)).any(0, keepdim=True).expand_as(probs)),
+        "the nucleus removed and the rest kept (the comparison reversed)": keep(~_unsort(_kept_before_p(desc, p), order)),
+        "p taken as a fraction of the vocabulary (the top p·|V| tokens, a top-k): top-p sums probabilities":
+            keep(_unsort(torch.arange(desc.shape[-1]).expand_as(desc) < max(1, int(p * desc.shape[-1])), order)),
+        "the removed tokens set to 0 instead of -inf: a logit of 0 still has a probability after the softmax":
+            logits.masked_fill(~_unsort(_kept_before_p(desc, p), order), 0.0),
     }
 
 
@@ -78,6 +93,11 @@ def _as_filtered(got: torch.Tensor, logits: torch.Tensor, what: str) -> torch.Te
     if bool((got >= 0).all()) and torch.allclose(got.double().sum(-1), torch.ones(1, dtype=torch.float64)):
         raise CandidateError(f"{what} returned probabilities (rows summing to 1), not logits: keep the logits of "
                              f"the nucleus as they are and set every other one to -inf")
+    if bool(((got >= 0) & (got <= 1)).all()) and bool((got.double().sum(-1) <= 1 + 1e-6).all()) and \
+            bool((logits > 1).any()):
+        raise CandidateError(f"{what} returned probabilities (every value in [0, 1], rows summing to at most 1: "
+                             f"those of the nucleus, not renormalized), not logits: keep the logits of the nucleus "
+                             f"as they are and set every other one to -inf")
     got = full_precision(got, what).double()
     return got.masked_fill(got.isneginf() | (got < got.amax(-1, keepdim=True) - 1e4), _INF)
 
@@ -130,7 +150,7 @@ def check_induction_score(fn: Callable[[torch.Tensor, int], torch.Tensor]) -> st
     of `period` tokens written twice returns (H,): for each head, the attention the queries of the second
     block put on the token right after the earlier occurrence of their own token, averaged over them."""
     H = 3
-    for prefix, period, seed in ((1, 6, 0), (0, 5, 1), (3, 7, 2)):  # a BOS-like prefix, none, a longer one
+    for prefix, period, seed in ((3, 7, 2), (1, 6, 0), (0, 5, 1)):  # a longer prefix, a BOS-like one, none
         T = prefix + 2 * period
         weights = _causal_weights(H, T, seed)
         what = f"induction_score(weights, period={period}) with weights of shape {(H, T, T)} ({prefix} tokens before the two blocks)"
@@ -141,7 +161,11 @@ def check_induction_score(fn: Callable[[torch.Tensor, int], torch.Tensor]) -> st
             raise CandidateError(f"{what} is one number, the average over the heads too: return one score "
                                  f"per head, shape ({H},)")
         got = full_precision(as_tensor(got, what, shape=(H,)), what)
-        mistakes = {
+        named = {period - 1, period, period + 1, 1, period - 1 + prefix}     # the offsets named below
+        mistakes = {f"key i - {shift} for each query i of the second block: the token after the earlier occurrence "
+                    f"of query i's token is key i - period + 1 = i - {period - 1}": _at(weights, second, shift)
+                    for shift in range(T - period + 1) if shift not in named}  # any other fixed offset
+        mistakes.update({
             "the earlier occurrence of the query's token itself (key i - period, a duplicate-token score): an "
             "induction head attends to the token *after* it, key i - period + 1": _at(weights, second, period),
             "the previous token (key i - 1): that is a previous-token score": _at(weights, second, 1),
@@ -152,8 +176,13 @@ def check_induction_score(fn: Callable[[torch.Tensor, int], torch.Tensor]) -> st
             "summed over the queries instead of averaged": _at(weights, second, period - 1) * period,
             "keys and queries swapped (weights[:, key, query]): rows are queries, columns are keys":
                 torch.stack([weights[:, i - period + 1, i] for i in second], -1).mean(-1),
-        }
+            "the maximum over the queries instead of their mean":
+                torch.stack([weights[:, i, i - period + 1] for i in second], -1).amax(-1),
+        })
         if prefix:
+            mistakes["the prefix left out of the key index (key i - period + 1 - prefix, with i counted over the "
+                     "whole sequence): positions count from the first token, prefix included"] = \
+                _at(weights, second, period - 1 + prefix)
             mistakes["the two blocks taken to start at position 0: with a prefix (a BOS token, say) they are "
                      "the last 2·period positions, so the second block is queries T - period .. T - 1"] = \
                 _at(weights, range(period, 2 * period), period - 1)
@@ -170,6 +199,16 @@ def _penalized(logits: torch.Tensor, input_ids: torch.Tensor, penalty: float) ->
     return torch.where(seen, torch.where(logits > 0, logits / penalty, logits * penalty), logits)
 
 
+def _ids_first(fn: Callable) -> str:
+    """A hint when the reader's first parameter is named like the token ids (transformers' processors take
+    (input_ids, scores)), '' otherwise."""
+    first = (_arg_names(fn, (None,), {}) or [""])[0]
+    if first.lower() in ("input_ids", "ids", "tokens", "token_ids", "generated", "prev_tokens", "history"):
+        return (f"; your first parameter is named {first!r}, but the exercise's order is (logits, input_ids, "
+                f"penalty) (transformers' logits processors take (input_ids, scores)): put the logits first")
+    return ""
+
+
 @checker("repetition penalty")
 def check_repetition_penalty(fn: Callable[[torch.Tensor, torch.Tensor, float], torch.Tensor]) -> str:
     """fn(logits, input_ids, penalty) with logits (B, vocab) and input_ids (B, T) returns (B, vocab): the logit
@@ -179,9 +218,22 @@ def check_repetition_penalty(fn: Callable[[torch.Tensor, torch.Tensor, float], t
     B, V = 3, 12
     logits = torch.randn(B, V, generator=g, dtype=torch.float64) * 2       # both signs
     input_ids = torch.tensor([[1, 4, 4, 7, 4], [0, 2, 9, 9, 3], [5, 11, 1, 6, 6]])  # repeats, rows differ
+    try:
+        _check_penalty(fn, logits, input_ids)
+    except CandidateError as exc:
+        raise CandidateError(f"{exc}{_ids_first(fn)}") from None
+    return ("each token that occurs in its row's input_ids penalized once: logit / penalty if positive, "
+            "logit · penalty if negative; the others unchanged")
+
+
+def _check_penalty(fn: Callable, logits: torch.Tensor, input_ids: torch.Tensor) -> None:
+    B, V = logits.shape
     for penalty in (1.3, 2.0, 0.8):  # 0.8 < 1 rewards repetition: the same rule, the other way
         what = f"repetition_penalty(logits, input_ids, penalty={penalty}) with logits {(B, V)}, input_ids {tuple(input_ids.shape)}"
         got = as_tensor(run(fn, logits.clone(), input_ids.clone(), penalty, what=what), what, shape=(B, V))
+        if torch.allclose(got.double().logsumexp(-1), torch.zeros(B, dtype=torch.float64), atol=1e-6):
+            raise CandidateError(f"{what} returned log-probabilities (each row's logsumexp is 0): return the "
+                                 f"penalized logits themselves, the softmax comes later")
         seen = torch.zeros(B, V, dtype=torch.bool).scatter_(-1, input_ids, True)
         counts = torch.zeros(B, V, dtype=torch.float64).scatter_add_(-1, input_ids, torch.ones_like(input_ids, dtype=torch.float64))
         union = seen.any(0, keepdim=True).expand(B, V)
@@ -201,6 +253,13 @@ def check_repetition_penalty(fn: Callable[[torch.Tensor, torch.Tensor, float], t
                 torch.where(seen, torch.where(logits > 0, logits * penalty, logits / penalty), logits),
             "only the last token of each row penalized: every token of input_ids counts":
                 _penalized(logits, input_ids[:, -1:], penalty),
+            "every seen logit multiplied by the penalty, whatever its sign: a positive logit multiplied by it "
+            "rises, which makes the repeated token *more* likely; divide the positive ones":
+                torch.where(seen, logits * penalty, logits),
+            "only the positive logits penalized: a negative one must be multiplied by the penalty, or a repeated "
+            "token with a negative logit is not made less likely": torch.where(seen & (logits > 0), logits / penalty, logits),
+            "the logits at positions 0 .. T - 1 penalized (the positions of input_ids) instead of the token ids it "
+            "holds": _penalized(logits, torch.arange(input_ids.shape[1]).expand_as(input_ids), penalty),
         })
     return ("each token that occurs in its row's input_ids penalized once: logit / penalty if positive, "
             "logit · penalty if negative; the others unchanged")
