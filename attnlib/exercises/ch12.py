@@ -213,7 +213,8 @@ def _ids_first(fn: Callable) -> str:
 def check_repetition_penalty(fn: Callable[[torch.Tensor, torch.Tensor, float], torch.Tensor]) -> str:
     """fn(logits, input_ids, penalty) with logits (B, vocab) and input_ids (B, T) returns (B, vocab): the logit
     of every token that occurs in that row's input_ids divided by `penalty` if it is positive and
-    multiplied by it if negative (CTRL's penalty, as transformers applies it); the others unchanged."""
+    multiplied by it if negative (CTRL's penalty with transformers' sign rule: CTRL divides every one); the
+    others unchanged."""
     g = torch.Generator().manual_seed(0)
     B, V = 3, 12
     logits = torch.randn(B, V, generator=g, dtype=torch.float64) * 2       # both signs
