@@ -189,7 +189,8 @@ def check_block_table_lookup(fn: Callable[[torch.Tensor, torch.Tensor, int], tor
         flat = pool.flatten(0, 1)                             # (N·bs, H_kv, Dh): slot b·bs + s is slot s of block b
         try:
             expect_close(got, right, what, atol=0, mistakes={
-                "blocks 0, 1, 2, ... of the pool in order: the block table was not used": pool[:n].flatten(0, 1)[:S].transpose(0, 1),
+                "blocks 0, 1, 2, ... of the pool in order: the block table was not used":
+                    pool[:n].flatten(0, 1)[:S].transpose(0, 1),
                 "positions and heads mixed by a reshape: move the head axis with transpose/permute, not view":
                     blocks.reshape(H_kv, n * bs, Dh)[:, :S],
                 "the block number used as a slot index (block_table[p // block_size] + p % block_size): a block "
