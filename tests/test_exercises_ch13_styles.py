@@ -54,7 +54,13 @@ def window_mask_mod(T, window):                         # flex_attention's mask_
     return mask_mod(0, 0, torch.arange(T)[:, None], torch.arange(T)[None])
 
 
-@pytest.mark.parametrize("answer", [window_transformers, window_minus_1e9, window_loops, window_mask_mod,
+def window_bf16_finfo(T, window):
+    hidden = ~((distance(T) >= 0) & (distance(T) < window))
+    return torch.zeros(T, T, dtype=torch.bfloat16).masked_fill(hidden, torch.finfo(torch.bfloat16).min)
+
+
+@pytest.mark.parametrize("answer", [window_transformers, window_minus_1e9, window_bf16_finfo, window_loops,
+                                    window_mask_mod,
                                     lambda T, w: np.tril(np.ones((T, T), int)) - np.tril(np.ones((T, T), int), -w)])
 def test_sliding_window_accepts_other_styles(answer):
     passes(check_sliding_window_mask(answer))
@@ -65,6 +71,9 @@ def test_sliding_window_accepts_other_styles(answer):
     (lambda T, w: (distance(T) >= 0) & (distance(T) <= w), ["window + 1 keys", "Mistral paper"]),
     (lambda T, w: torch.zeros(T, T).masked_fill((distance(T) >= 0) & (distance(T) < w), float("-inf")),
      ["inverted"]),
+    (lambda T, w: (torch.arange(T)[:, None] // w == torch.arange(T)[None] // w) & (distance(T) >= 0),
+     ["chunked attention"]),
+    (lambda T, w: distance(T).abs() <= w // 2, ["symmetric window", "Longformer"]),
 ])
 def test_sliding_window_names_more_mistakes(buggy, phrases):
     assert_names(check_sliding_window_mask(buggy), *phrases)

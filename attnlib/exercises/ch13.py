@@ -67,6 +67,10 @@ def check_sliding_window_mask(fn: Callable[[int, int], torch.Tensor]) -> str:
             "a plain causal mask: the window is never applied": _window_mask(T, 0, T),
             "the window without the causal limit: every later key is visible too": _window_mask(T, -T, window - 1),
             "the first `window` keys instead of the last": _window_mask(T, 0, T) & (torch.arange(T) < window),
+            "chunked attention (the keys of the query's own chunk of `window` positions): a sliding window moves "
+            "with the query": _window_mask(T, 0, T) & (torch.arange(T)[:, None] // window == torch.arange(T) // window),
+            "a symmetric window of window // 2 keys on each side (Longformer's, for an encoder): a decoder's "
+            "window looks only back": _window_mask(T, -(window // 2), window // 2),
         }
         found = [name for name, m in mistakes.items() if torch.equal(got, m)]
         raise CandidateError(f"{what} is wrong" + (f": it is {found[0]}" if found else
