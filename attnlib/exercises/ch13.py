@@ -110,24 +110,6 @@ def check_rolling_buffer_update(fn: Callable[[torch.Tensor, torch.Tensor, int], 
     return f"position p goes to slot p % W: after {steps} keys the buffer holds the last {W}, each in its slot"
 
 
-def _first_misread(got: torch.Tensor, pool: torch.Tensor, table: torch.Tensor, S: int) -> str:
-    """'. Position p came from slot s of block b; it is in ...' for the first wrong position ('' if none is found)."""
-    bs, where = pool.shape[1], pool.flatten(0, 1).transpose(0, 1)       # (H_kv, N·bs, Dh)
-    for p in range(S):
-        want = int(table[p // bs]) * bs + p % bs
-        if torch.equal(got[:, p].to(pool.dtype), where[:, want]):
-            continue
-        hits = [i for i in range(where.shape[1]) if torch.equal(got[:, p].to(pool.dtype), where[:, i])]
-        entry = (table == hits[0] // bs).nonzero().flatten().tolist() if hits else []
-        came = (f"slot {hits[0] % bs} of block {hits[0] // bs}" + (f" = block_table[{entry[0]}]" if entry else "")
-                if hits else "no slot of the pool")
-        off = (": the block index is off by one" if entry and abs(entry[0] - p // bs) == 1 and hits[0] % bs == p % bs
-               else "")
-        return (f". Position {p} came from {came}; it is slot {p % bs} of block {want // bs} = "
-                f"block_table[{p // bs}] (p // block_size = {p // bs}, p % block_size = {p % bs}){off}")
-    return ""
-
-
 def _written(buffer: torch.Tensor, k: torch.Tensor, slot: int) -> torch.Tensor:
     out = buffer.clone()
     out[:, :, slot] = k[:, :, 0]
@@ -205,3 +187,21 @@ def check_block_table_lookup(fn: Callable[[torch.Tensor, torch.Tensor, int], tor
             unnamed = "none of the usual mistakes" in str(exc)
             raise CandidateError(f"{exc}{_first_misread(got, pool, table, S) if unnamed else ''}") from None
     return "position p read from slot p % block_size of block block_table[p // block_size], for 3 block tables"
+
+
+def _first_misread(got: torch.Tensor, pool: torch.Tensor, table: torch.Tensor, S: int) -> str:
+    """'. Position p came from slot s of block b; it is in ...' for the first wrong position ('' if none is found)."""
+    bs, where = pool.shape[1], pool.flatten(0, 1).transpose(0, 1)       # (H_kv, N·bs, Dh)
+    for p in range(S):
+        want = int(table[p // bs]) * bs + p % bs
+        if torch.equal(got[:, p].to(pool.dtype), where[:, want]):
+            continue
+        hits = [i for i in range(where.shape[1]) if torch.equal(got[:, p].to(pool.dtype), where[:, i])]
+        entry = (table == hits[0] // bs).nonzero().flatten().tolist() if hits else []
+        came = (f"slot {hits[0] % bs} of block {hits[0] // bs}" + (f" = block_table[{entry[0]}]" if entry else "")
+                if hits else "no slot of the pool")
+        off = (": the block index is off by one" if entry and abs(entry[0] - p // bs) == 1 and hits[0] % bs == p % bs
+               else "")
+        return (f". Position {p} came from {came}; it is slot {p % bs} of block {want // bs} = "
+                f"block_table[{p // bs}] (p // block_size = {p // bs}, p % block_size = {p % bs}){off}")
+    return ""
