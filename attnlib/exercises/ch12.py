@@ -1,6 +1,6 @@
-"""Checkers for chapter 12 (a real language model): a top-p (nucleus) filter, an induction score, a
-repetition penalty. Each compares the reader's function with attnlib's on inputs where every classic
-mistake gives a different answer, and names the mistake it reproduces."""
+"""Checkers for chapter 12 (a real language model): a top-p (nucleus) filter, an induction score (in
+ch12_induction), a repetition penalty. Each compares the reader's function with attnlib's on inputs where
+every classic mistake gives a different answer, and names the mistake it reproduces."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import torch
 from attnlib.exercises._core import (CandidateError, _arg_names, as_tensor, checker, expect_close, full_precision,
                                     matching, run)
 from attnlib.generation import top_p_filter
-from attnlib.heads import induction_score
+from attnlib.exercises.ch12_induction import check_induction_score
 
 __all__ = ["check_top_p_filter", "check_induction_score", "check_repetition_penalty"]
 
@@ -130,68 +130,7 @@ def check_top_p_filter(fn: Callable[[torch.Tensor, float], torch.Tensor]) -> str
             "included) and every other logit set to -inf, for p from 0.05 to 0.95")
 
 
-# --- 2. induction score -------------------------------------------------------------------------
-
-def _causal_weights(H: int, T: int, seed: int) -> torch.Tensor:
-    """(H, T, T) attention weights: a softmax of random scores under a causal mask, every entry distinct."""
-    g = torch.Generator().manual_seed(seed)
-    scores = torch.randn(H, T, T, generator=g, dtype=torch.float64) * 1.5
-    return scores.masked_fill(~torch.ones(T, T, dtype=torch.bool).tril(), _INF).softmax(-1)
-
-
-def _at(weights: torch.Tensor, queries: range, shift: int) -> torch.Tensor:
-    """mean over query i in `queries` of weights[:, i, i - shift] -> (H,)."""
-    return torch.stack([weights[:, i, i - shift] for i in queries], dim=-1).mean(-1)
-
-
-@checker("induction score")
-def check_induction_score(fn: Callable[[torch.Tensor, int], torch.Tensor]) -> str:
-    """fn(weights, period) with weights (H, T, T) of one sequence whose last 2·period tokens are a block
-    of `period` tokens written twice returns (H,): for each head, the attention the queries of the second
-    block put on the token right after the earlier occurrence of their own token, averaged over them."""
-    H = 3
-    for prefix, period, seed in ((3, 7, 2), (1, 6, 0), (0, 5, 1)):  # a longer prefix, a BOS-like one, none
-        T = prefix + 2 * period
-        weights = _causal_weights(H, T, seed)
-        what = f"induction_score(weights, period={period}) with weights of shape {(H, T, T)} ({prefix} tokens before the two blocks)"
-        second = range(T - period, T)                          # the queries of the second block
-        got = run(fn, weights.clone(), period, what=what)
-        as_tensor(got, what)
-        if got.dim() == 0 and matching(got, {"mean": induction_score(weights, period).mean()}):
-            raise CandidateError(f"{what} is one number, the average over the heads too: return one score "
-                                 f"per head, shape ({H},)")
-        got = full_precision(as_tensor(got, what, shape=(H,)), what)
-        named = {period - 1, period, period + 1, 1, period - 1 + prefix}     # the offsets named below
-        mistakes = {f"key i - {shift} for each query i of the second block: the token after the earlier occurrence "
-                    f"of query i's token is key i - period + 1 = i - {period - 1}": _at(weights, second, shift)
-                    for shift in range(T - period + 1) if shift not in named}  # any other fixed offset
-        mistakes.update({
-            "the earlier occurrence of the query's token itself (key i - period, a duplicate-token score): an "
-            "induction head attends to the token *after* it, key i - period + 1": _at(weights, second, period),
-            "the previous token (key i - 1): that is a previous-token score": _at(weights, second, 1),
-            "key i - period - 1, one before the earlier occurrence: the token after it is key i - period + 1":
-                _at(weights, second, period + 1),
-            "the queries of the first block included: only the second block has an earlier occurrence to look back at":
-                _at(weights, range(max(T - 2 * period, period - 1), T), period - 1),
-            "summed over the queries instead of averaged": _at(weights, second, period - 1) * period,
-            "keys and queries swapped (weights[:, key, query]): rows are queries, columns are keys":
-                torch.stack([weights[:, i - period + 1, i] for i in second], -1).mean(-1),
-            "the maximum over the queries instead of their mean":
-                torch.stack([weights[:, i, i - period + 1] for i in second], -1).amax(-1),
-        })
-        if prefix:
-            mistakes["the prefix left out of the key index (key i - period + 1 - prefix, with i counted over the "
-                     "whole sequence): positions count from the first token, prefix included"] = \
-                _at(weights, second, period - 1 + prefix)
-            mistakes["the two blocks taken to start at position 0: with a prefix (a BOS token, say) they are "
-                     "the last 2·period positions, so the second block is queries T - period .. T - 1"] = \
-                _at(weights, range(period, 2 * period), period - 1)
-        expect_close(got, induction_score(weights, period), what, mistakes=mistakes, atol=1e-6)
-    return ("for each head, the mean attention from each query of the second block to the token after its "
-            "earlier occurrence (key i - period + 1), with and without a prefix before the blocks")
-
-
-# --- 3. repetition penalty ----------------------------------------------------------------------
+# --- 2. repetition penalty ----------------------------------------------------------------------
 
 def _penalized(logits: torch.Tensor, input_ids: torch.Tensor, penalty: float) -> torch.Tensor:
     """transformers' RepetitionPenaltyLogitsProcessor: each seen token's logit / penalty if > 0, * penalty if < 0."""
