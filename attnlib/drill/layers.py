@@ -10,6 +10,7 @@ key_value laid out either way. `layouts` lists them; roles.choose keeps the one 
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import itertools
 from dataclasses import dataclass, field
@@ -59,6 +60,14 @@ class Layers:
     def _out_copy(self) -> tuple[torch.Tensor, torch.Tensor | None]:
         b = self.out.bias
         return self.out.weight.detach().clone(), None if b is None else b.detach().clone()
+
+    def edited(self, weight: torch.Tensor, bias: torch.Tensor | None, out_weight: torch.Tensor,
+               out_bias: torch.Tensor | None) -> Layers:
+        """The same layout with other parameter values (copies): what forward computes if it used the reader's
+        parameters differently (a bias dropped, a weight not transposed)."""
+        new = dataclasses.replace(self)
+        new.__dict__.update(_copy=(weight, bias), _out_copy=(out_weight, out_bias))  # the cached copies
+        return new
 
     @property
     def described(self) -> str:
