@@ -90,7 +90,7 @@ def test_a_parametrized_projection_is_told_the_rule_not_that_its_layers_do_nothi
     assert "changes nothing" not in result.message
 
 
-def test_a_fused_layer_interleaved_feature_by_feature_is_told_which_layouts_are_read():
+def test_a_fused_layer_interleaved_feature_by_feature_passes_and_a_wrong_one_is_told_the_layouts_read():
     class Interleaved(nn.Module):
         def __init__(self, d_model, num_heads):
             super().__init__()
@@ -101,4 +101,12 @@ def test_a_fused_layer_interleaved_feature_by_feature_is_told_which_layouts_are_
             q, k, v = self.qkv(x).view(B, T, self.h, D // self.h, 3).permute(4, 0, 2, 1, 3)  # 3 x (B, H, T, Dh)
             return self.o(Plain.attend(self, q, k, v, mask))
     result = check_multi_head_attention(Interleaved)
-    assert "lay its rows out one of those ways" in result.message, result.message
+    assert result.passed and "interleaved feature by feature (D, 3)" in result.message, result.message
+
+    def shuffled(self, x, mask=None):  # rows taken in a fixed random order: no layout a reader would mean
+        B, T, D = x.shape
+        rows = torch.randperm(3 * D, generator=torch.Generator().manual_seed(0))
+        q, k, v = (t.unflatten(-1, (self.h, -1)).transpose(1, 2) for t in self.qkv(x)[..., rows].chunk(3, -1))
+        return self.o(Plain.attend(self, q, k, v, mask))
+    result = check_multi_head_attention(type("Shuffled", (Interleaved,), {"forward": shuffled}))
+    assert not result.passed and "if yours lays out q, k and v otherwise" in result.message, result.message

@@ -4,7 +4,7 @@ probes.find learns, from what the weights do to the output, which nn.Linear laye
 (the input projections) and which one maps the merged heads to the output. Their rows, stacked in the
 order the module registers them, hold 3H slices of Dh rows. A *layout* says which slice is which head
 of which role: blocks [q | k | v] in any order, per head (H, 3, Dh) as GPT-NeoX and Megatron store a
-fused projection, one nn.Linear per head and role (nanoGPT's lecture), a separate query beside a fused
+fused projection, feature by feature (D, 3) (rows, not slices), one nn.Linear per head and role (nanoGPT's lecture), a separate query beside a fused
 key_value laid out either way. `layouts` lists them; roles.choose keeps the one the output agrees with.
 """
 
@@ -120,6 +120,13 @@ def layouts(parts: list[tuple[str, nn.Linear]], out: tuple[str, nn.Linear], D: i
             if picked not in seen:
                 seen.add(picked)
                 options.append(_layers(parts, out, picked, Dh, H, _words(kind, perm, parts, D, H), owner))
+    if len(parts) == 1 and parts[0][1].out_features == 3 * D:  # one fused layer viewed as (D, 3): roles feature by feature
+        for perm in itertools.permutations(range(3)):
+            rows = torch.tensor([f * 3 + perm[r] for r in range(3) for f in range(D)])
+            order = "[" + ", ".join("qkv"[perm.index(s)] for s in range(3)) + "]"
+            options.append(Layers({r: parts[0][0] for r in ROLES} | {"o": out[0]},
+                                  f"fused, interleaved feature by feature (D, 3) as {order}", (parts[0][1],),
+                                  (parts[0][0],), rows, out[1]))
     return options
 
 

@@ -92,6 +92,5 @@ def fused_note(layers: Layers) -> str:
     """For one fused (3D, D) projection: the layouts the checker can read."""
     if len(layers.parts) != 1 or layers.parts[0].out_features != 3 * layers.parts[0].in_features:
         return ""
-    return (". The checker reads a fused projection's rows as [q | k | v] blocks (in any order) or per head "
-            "(H, 3, Dh): if yours interleaves q, k and v otherwise (feature by feature, say), lay its rows out one "
-            "of those ways")
+    return (". The checker reads a fused projection's rows as [q | k | v] blocks (in any order), per head "
+            "(H, 3, Dh) or feature by feature (D, 3): if yours lays out q, k and v otherwise, use one of those")
