@@ -152,7 +152,9 @@ def via_five_d(x, weight, bias, num_heads):
                         for wi, bi in zip(w.chunk(3), b.chunk(3))],        # three products: values still right
 ])
 def test_fused_qkv_accepts_correct_ones(fused):
-    assert check_fused_qkv(fused).passed
+    result = check_fused_qkv(fused)
+    assert result.passed
+    assert "one matmul" not in result.message  # the checker compares values: it cannot praise the number of products
 
 
 @pytest.mark.parametrize("buggy, phrases", [

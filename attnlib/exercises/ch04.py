@@ -175,4 +175,4 @@ def check_fused_qkv(fn: Callable[..., tuple]) -> str:
         "the heads viewed straight to (B, H, T, Dh) without the transpose, which cuts the sequence instead "
         "of each token's width": torch.stack([t.reshape(B, H, T, Dh) for t in y.split(D, dim=-1)]),
     })
-    return "one matmul of x with the (3D, D) weight, split into q, k, v blocks, each split into heads"
+    return "q, k and v equal the fused projection's three D-wide blocks, each split into heads (B, H, T, Dh)"
