@@ -78,7 +78,9 @@ def _online_softmax_rows(qs: torch.Tensor, k3: torch.Tensor, v3: torch.Tensor, t
                 _add_mask(s, allowed, key, batch, biases)
                 _exact_step(s, v3[:, j0:j1], acc, m, l)
                 lazy = lazy_allowed and bool(torch.isfinite(m).all())  # every row has a finite reference
-        if not lazy or bool(torch.isfinite(l).all() and torch.isfinite(acc).all()):
+        # acc.sum() is not finite if any entry of acc is not (an overflow of the sum alone only costs a redo),
+        # and unlike isfinite(acc) it allocates nothing of acc's size
+        if not lazy or bool(torch.isfinite(l).all() and torch.isfinite(acc.sum())):
             break  # else Σ p or Σ p v overflowed: redo this block with the exact step only
     torch.div(acc, l.masked_fill(l == 0, 1.0).unsqueeze(-1), out=out_rows)  # empty rows: 0 / 1 = 0
     torch.add(m, torch.log2(l), out=lse_rows).masked_fill_(l == 0, float("inf"))
