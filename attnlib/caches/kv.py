@@ -80,7 +80,7 @@ class KVCache:
 
     @property
     def seq_len(self) -> int:
-        """Positions seen so far (layer 0's count; 0 for an empty cache): the next token's position."""
+        """Positions seen so far (layer 0's count; 0 for an empty cache), which is the next token's position."""
         return self.get_seq_len(0)
 
     def get_seq_len(self, layer_idx: int) -> int:

@@ -70,7 +70,7 @@ class SinkCache(LayeredCache):
 
     @property
     def capacity(self) -> int:
-        """num_sinks + window: the most positions a layer holds between steps."""
+        """The most positions a layer holds between steps, num_sinks + window."""
         return self.num_sinks + self.window
 
     @property
