@@ -75,9 +75,9 @@ class RMSNorm(nn.Module):
 
 
 class SwiGLU(nn.Module):
-    """The gated feed-forward of Llama: SwiGLU(x) = W_down (silu(W_gate x) ⊙ W_up x), D -> F -> D.
+    """The gated feed-forward of Llama: SwiGLU(x) = W_down (silu(W_gate x) ⊙ W_up x), D -> D_ff -> D.
 
-    `gate_up` holds W_gate and W_up stacked by rows, D -> 2F: one matmul instead of two (as the fused
+    `gate_up` holds W_gate and W_up stacked by rows, D -> 2 D_ff: one matmul instead of two (as the fused
     qkv of MultiHeadAttention), which a one-token decode step feels most.
     """
 

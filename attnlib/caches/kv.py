@@ -28,7 +28,7 @@ class KVCache:
     """An empty cache for a whole model, grown in place, one entry per attention layer (the `Cache` contract).
 
     Each layer's keys and values live in a preallocated buffer (B, H_kv, capacity, Dh) whose
-    capacity doubles when full, so appending one token costs a copy of that token only.
+    capacity doubles when full, so appending one token costs, amortised, a copy of that token only.
 
     sliding_window=W makes it a rolling buffer for a sliding-window model (Mistral), whose queries see
     only the last W positions, themselves included: between calls each layer keeps the last W - 1
