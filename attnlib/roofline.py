@@ -3,11 +3,12 @@
 A cached decoding step at batch 1 multiplies one row vector by every weight matrix: two FLOPs per
 weight (a multiply and an add) for the four bytes a float32 weight takes to read. A CPU does far
 more arithmetic per second than that ratio needs, so the step waits on memory: it is *memory-bound*,
-and no implementation can produce more than
+and a step that reads each weight as stored (4 bytes in float32) for one sequence produces no more than
 
     tokens/s <= read bandwidth / bytes of the weights
 
-tokens per second (the KV cache, small next to the weights at short lengths, adds its own bytes).
+tokens per second (the KV cache, small next to the weights at short lengths, adds its own bytes). The
+bound is per step: a batch shares each read among its rows, and fewer bytes per weight raise it.
 read_bandwidth measures the first number on this machine; weight_bytes counts the second.
 """
 
