@@ -5,7 +5,9 @@
 Attention is attnlib's MultiHeadAttention with H query heads and H_kv key/value heads (GQA) whose
 queries and keys are rotated by RoPE; a cache (attnlib.caches.Cache: KVCache or any other) carries
 the keys and values of earlier tokens. `LlamaDecoder.from_hf(model)` copies a transformers
-LlamaForCausalLM's weights; W_vocab is the embedding matrix itself when the model ties them.
+LlamaForCausalLM's weights, or a MistralForCausalLM's: the same layout, with a sliding window (each
+token attends to the last `sliding_window` positions, itself included). W_vocab is the embedding
+matrix itself when the model ties them.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from torch import nn
 
 from attnlib import masks as _masks
 from attnlib._checks import fmt_shape, require_tensor
-from attnlib._hf_llama import decoder_kwargs, hf_tensor
+from attnlib._hf_llama import copy_from_hf
 from attnlib.caches import Cache, check_cache
 from attnlib.mha import MultiHeadAttention
 from attnlib.positional import RotaryEmbedding
@@ -73,9 +75,9 @@ class RMSNorm(nn.Module):
 
 
 class SwiGLU(nn.Module):
-    """The gated feed-forward of Llama: SwiGLU(x) = W_down (silu(W_gate x) ⊙ W_up x), D -> F -> D.
+    """The gated feed-forward of Llama: SwiGLU(x) = W_down (silu(W_gate x) ⊙ W_up x), D -> D_ff -> D.
 
-    `gate_up` holds W_gate and W_up stacked by rows, D -> 2F: one matmul instead of two (as the fused
+    `gate_up` holds W_gate and W_up stacked by rows, D -> 2 D_ff: one matmul instead of two (as the fused
     qkv of MultiHeadAttention), which a one-token decode step feels most.
     """
 
@@ -94,11 +96,12 @@ class LlamaBlock(nn.Module):
     """One pre-norm decoder block: x + Attn(RMSNorm(x)), then + SwiGLU(RMSNorm(·))."""
 
     def __init__(self, d_model: int, num_heads: int, num_kv_heads: int, d_ff: int, *, layer_idx: int,
-                 rotary: RotaryEmbedding, eps: float, attention_bias: bool, mlp_bias: bool) -> None:
+                 rotary: RotaryEmbedding, eps: float, attention_bias: bool, mlp_bias: bool,
+                 window: int | None = None) -> None:
         super().__init__()
         self.attn_norm = RMSNorm(d_model, eps)
         self.attn = MultiHeadAttention(d_model, num_heads, num_kv_heads, bias=attention_bias,
-                                       layer_idx=layer_idx, rotary=rotary)
+                                       layer_idx=layer_idx, rotary=rotary, window=window)
         self.mlp_norm = RMSNorm(d_model, eps)
         self.mlp = SwiGLU(d_model, d_ff, mlp_bias)
 
@@ -107,10 +110,11 @@ class LlamaBlock(nn.Module):
         """x (B, T, D) -> (B, T, D); causal attention over the cache and the T new tokens.
 
         rope: the (cos, sin) of the T tokens' positions. One new token may see every cached key, so
-        its (bottom-right) causal mask is all True: skipped. `weights`, if a list, receives the
-        attention weights (B, H, T, S).
+        its (bottom-right) causal mask is all True: skipped, unless a sliding window hides the oldest.
+        `weights`, if a list, receives the attention weights (B, H, T, S).
         """
-        h = self.attn(self.attn_norm(x), mask=mask, is_causal=x.shape[1] > 1, cache=cache, rope=rope,
+        causal = x.shape[1] > 1 or self.attn.window is not None
+        h = self.attn(self.attn_norm(x), mask=mask, is_causal=causal, cache=cache, rope=rope,
                       need_weights=weights is not None)
         if weights is not None:
             h, w = h
@@ -123,23 +127,30 @@ class LlamaDecoder(nn.Module):
     """A decoder-only language model in Llama's layout: token ids (B, T) -> logits (B, T, vocab).
 
     tie_word_embeddings: lm_head uses the embedding matrix itself (vocab, D), as GPT-2, SmolLM2 and
-    Llama 3.2 do (Press and Wolf, 2017): one (vocab, D) matrix fewer.
+    Llama 3.2 do (Press and Wolf, 2017): one (vocab, D) matrix fewer. sliding_window=W: each token
+    attends to the last W positions, itself included (Mistral); a KVCache it fills keeps only those.
     """
 
     def __init__(self, vocab_size: int, d_model: int, num_layers: int, num_heads: int,
                  num_kv_heads: int, d_ff: int, *, max_position_embeddings: int = 2048,
                  rope_base: float = 10000.0, eps: float = 1e-6, attention_bias: bool = False,
-                 mlp_bias: bool = False, tie_word_embeddings: bool = False) -> None:
+                 mlp_bias: bool = False, tie_word_embeddings: bool = False,
+                 sliding_window: int | None = None) -> None:
         super().__init__()
         if num_heads < 1 or d_model % num_heads:  # checked here: RoPE needs Dh before the blocks exist
             raise ValueError(f"d_model={d_model} is not divisible by num_heads={num_heads}: "
                              f"each head gets Dh = d_model / num_heads")
-        self.max_position_embeddings = max_position_embeddings
+        if sliding_window is not None and (isinstance(sliding_window, bool) or not isinstance(sliding_window, int)
+                                           or sliding_window < 1):
+            raise ValueError(f"sliding_window must be an int >= 1 (the positions a token attends to, itself "
+                             f"included) or None, got {sliding_window!r}")
+        self.max_position_embeddings, self.sliding_window = max_position_embeddings, sliding_window
         self.rotary = RotaryEmbedding(d_model // num_heads, max_position_embeddings, rope_base)
         self.embed = nn.Embedding(vocab_size, d_model)
         self.blocks = nn.ModuleList(
             LlamaBlock(d_model, num_heads, num_kv_heads, d_ff, layer_idx=i, rotary=self.rotary, eps=eps,
-                       attention_bias=attention_bias, mlp_bias=mlp_bias) for i in range(num_layers))
+                       attention_bias=attention_bias, mlp_bias=mlp_bias, window=sliding_window)
+            for i in range(num_layers))
         self.norm = RMSNorm(d_model, eps)
         self.lm_head = nn.Linear(d_model, vocab_size, bias=False)
         for m in self.modules():  # every matrix a token is multiplied by, stored column-major
@@ -189,6 +200,8 @@ class LlamaDecoder(nn.Module):
         if lo < 0 or hi >= V:
             raise ValueError(f"input_ids holds token id {lo if lo < 0 else hi}, outside [0, vocab_size={V})")
         past = check_cache(cache, len(self.blocks), B)
+        if hasattr(cache, "fit"):  # a cache that must know the model: a KVCache its window, a SinkCache its RoPE
+            cache.fit(sliding_window=self.sliding_window, rotary=self.rotary, padded=attention_mask is not None)
         positions, mask = self._positions(B, T, past, attention_mask, input_ids.device)
         rope = self.rotary.cos_sin(positions)                          # (T, Dh) or (B, T, Dh), every layer
         x, weights = self.embed(input_ids), [] if need_weights else None  # (B, T, D)
@@ -199,16 +212,6 @@ class LlamaDecoder(nn.Module):
 
     @classmethod
     def from_hf(cls, model: nn.Module) -> LlamaDecoder:
-        """A LlamaDecoder holding a copy of a transformers LlamaForCausalLM's weights (same dtype), tied
-        as the model ties them."""
-        from transformers import LlamaForCausalLM
-
-        if not isinstance(model, LlamaForCausalLM):
-            raise TypeError(f"model must be a transformers LlamaForCausalLM, got {type(model).__name__}")
-        ours = cls(**decoder_kwargs(model.config))
-        theirs = model.state_dict()
-        ours.to(device=theirs["lm_head.weight"].device, dtype=theirs["lm_head.weight"].dtype)
-        with torch.no_grad():
-            for name, param in ours.named_parameters():  # a tied lm_head is embed.weight: listed once
-                param.copy_(hf_tensor(theirs, name))
-        return ours.eval()
+        """A LlamaDecoder holding a copy of a transformers LlamaForCausalLM's or MistralForCausalLM's weights
+        (same dtype), tied as the model ties them, with Mistral's sliding window."""
+        return copy_from_hf(cls, model)

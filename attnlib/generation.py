@@ -18,7 +18,7 @@ import torch
 from attnlib import masks as _masks
 from attnlib._checks import fmt_shape
 from attnlib.decode_step import DecodeStep
-from attnlib.caches import Cache, KVCache
+from attnlib.caches import Cache, KVCache, SinkCache
 from attnlib.decoder import LlamaDecoder, check_token_ids
 
 __all__ = ["generate", "sample_logits", "top_k_filter", "top_p_filter"]
@@ -144,7 +144,10 @@ def generate(decoder: torch.nn.Module, input_ids: torch.Tensor, max_new_tokens: 
     mask = _prompt_mask(attention_mask, B, T, T + max_new_tokens)
     longest = T if mask is None else int(mask[:, :T].sum(dim=1).max())
     limit = getattr(decoder, "max_position_embeddings", None)
-    if limit is not None and longest + max_new_tokens > limit:
+    needed = longest + max_new_tokens
+    if isinstance(cache, SinkCache):  # it renumbers what it keeps: no position beyond max(prompt, capacity)
+        needed = min(needed, max(longest, cache.capacity + 1))
+    if limit is not None and needed > limit:
         raise ValueError(f"{longest} prompt tokens + max_new_tokens={max_new_tokens} = "
                          f"{longest + max_new_tokens} positions are beyond max_position_embeddings={limit}")
     cache = (KVCache() if cache is None else cache) if use_cache else None
@@ -155,8 +158,9 @@ def generate(decoder: torch.nn.Module, input_ids: torch.Tensor, max_new_tokens: 
         else:                 # the prefill, a cache without a fast path, or no cache: decoder.forward
             fed = out[:, :t] if t == T or cache is None else out[:, t - 1:t]
             logits = decoder(fed, cache, attention_mask=None if mask is None else mask[:, :t], last_only=True)
-            if t == T and type(cache) is KVCache and isinstance(decoder, LlamaDecoder):
-                step = DecodeStep(decoder, cache, mask, T + max_new_tokens)  # its fast path: a plain KVCache
+            if t == T and type(cache) is KVCache and isinstance(decoder, LlamaDecoder) \
+                    and decoder.sliding_window is None:  # DecodeStep's fast path: a plain KVCache, no window
+                step = DecodeStep(decoder, cache, mask, T + max_new_tokens)
         last = logits[:, -1]                                # (B, vocab)
         token = sample_logits(last, temperature=temperature, top_k=top_k, top_p=top_p,
                               generator=generator) if do_sample else last.argmax(dim=-1)

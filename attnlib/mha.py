@@ -44,7 +44,7 @@ def merge_heads(x: torch.Tensor) -> torch.Tensor:
 
 
 def repeat_kv(x: torch.Tensor, n_rep: int) -> torch.Tensor:
-    """(B, H_kv, S, Dh) -> (B, H_kv * n_rep, S, Dh): each key/value head repeated n_rep times in place.
+    """(B, H_kv, S, Dh) -> (B, H_kv * n_rep, S, Dh): each key/value head repeated n_rep times next to itself.
 
     Equivalent to torch.repeat_interleave(x, n_rep, dim=1), so query head i meets kv head i // n_rep.
     Uses expand + reshape (one copy, no Python loop).

@@ -8,7 +8,8 @@ rebuilt from one small latent vector per token, and only that latent is cached.
 
 The position lives in a separate (decoupled) D_R-wide part of each query and key, so that at decode
 time W_UK can be folded into the query and W_UV into the output (`absorbed`): attention then runs on
-the cached latents directly, as multi-query attention with one key/value head of width r + D_R.
+the cached latents directly, as multi-query attention with one key head of width r + D_R and one
+value head of width r (the latents).
 """
 
 from __future__ import annotations
@@ -151,8 +152,8 @@ class MultiHeadLatentAttention(nn.Module):
         """A copy of a transformers DeepseekV3Attention's weights (same dtype and device).
 
         With config.rope_interleave the rotary features come in pairs (0, 1), (2, 3), ...; their rows
-        of the projections are permuted into the rotate_half layout (0, 2, 4, ..., 1, 3, ...), which
-        rotates the same pairs by the same angles.
+        of the projections are permuted into the rotate_half layout (0, 2, 4, ..., 1, 3, ...), where
+        pair (2i, 2i + 1) becomes pair (i, i + D_R/2), turned by the same angle.
         """
         from transformers.models.deepseek_v3.modeling_deepseek_v3 import DeepseekV3Attention
 

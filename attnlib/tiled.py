@@ -52,8 +52,9 @@ def _online_softmax_rows(qs: torch.Tensor, k3: torch.Tensor, v3: torch.Tensor, t
     Per tile: s = qs kᵀ (+ 0/-inf bias), then the exact step (m' = max(m, rowmax s), l and acc
     rescaled by 2^(m - m')) until every row has a finite max; after that the lazy one: keep m as the
     reference, p = 2^(s - m) (the subtraction folded into the product), l += Σ p, acc += p v. Any
-    reference gives the same acc / l, so the lazy step is exact too, unless a score lies more than
-    ~128 above m and 2^(s - m) overflows: then l is not finite and the block is redone exactly.
+    reference gives the same acc / l, so the lazy step is exact too, unless a score lies so far above
+    m that l = Σ p or acc = Σ p v overflows (acc first when |v| > 1: 2^(s - m) need not overflow on its
+    own): then l or acc is not finite and the block is redone with the exact step only.
     """
     N, tq, _ = qs.shape
     tiles = list(tiles)
@@ -77,8 +78,10 @@ def _online_softmax_rows(qs: torch.Tensor, k3: torch.Tensor, v3: torch.Tensor, t
                 _add_mask(s, allowed, key, batch, biases)
                 _exact_step(s, v3[:, j0:j1], acc, m, l)
                 lazy = lazy_allowed and bool(torch.isfinite(m).all())  # every row has a finite reference
-        if not lazy or bool(torch.isfinite(l).all()):
-            break  # else a score overflowed 2^(s - m): redo this block with the exact step only
+        # acc.sum() is not finite if any entry of acc is not (an overflow of the sum alone only costs a redo),
+        # and unlike isfinite(acc) it allocates nothing of acc's size
+        if not lazy or bool(torch.isfinite(l).all() and torch.isfinite(acc.sum())):
+            break  # else Σ p or Σ p v overflowed: redo this block with the exact step only
     torch.div(acc, l.masked_fill(l == 0, 1.0).unsqueeze(-1), out=out_rows)  # empty rows: 0 / 1 = 0
     torch.add(m, torch.log2(l), out=lse_rows).masked_fill_(l == 0, float("inf"))
 

@@ -1,6 +1,7 @@
 """Padding-free batches: run a padded batch's real tokens only, then put the results back in place.
 
-A sentence's hidden states do not depend on the padding around it, so an encoder may drop the padding
+A sentence's hidden states do not depend on the padding after it (tokenizers pad on the right; padding
+before a sentence shifts its positions, in transformers' BERT as here), so an encoder may drop the padding
 before its layers. Sentences of similar length form a bucket, padded only to its longest (L <= T);
 the buckets are packed, one after another, into one (M, D) tensor, on which every per-token part of a
 block (LayerNorm, FFN, residuals) runs at once, and the attention layer runs on each bucket as an

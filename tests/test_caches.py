@@ -223,3 +223,88 @@ def test_every_cache_checks_its_input_as_kv_cache_does(make):
     with pytest.raises(TypeError, match="holds torch.float32, got torch.float64"):
         cache.update(0, *kv(dtype=torch.float64))
     assert name in repr(cache) and "seq_len=1" in repr(cache)
+
+
+# --- every cache through LlamaDecoder and generate ----------------------------------------------------
+
+@pytest.fixture(scope="module")
+def decoder():
+    from test_decoder import tiny_llama
+    from attnlib import LlamaDecoder
+    return LlamaDecoder.from_hf(tiny_llama(heads=8, kv_heads=2, layers=3))
+
+
+def decoded(decoder, cache, x, mask=None, chunks=CHUNKS):
+    """The logits of x (B, T) fed to the decoder chunk by chunk through one cache."""
+    with torch.no_grad():
+        return torch.cat([decoder(x[:, a:b], cache, attention_mask=None if mask is None else mask[:, :b])
+                          for a, b in chunks], dim=1)
+
+
+@pytest.mark.parametrize("block_size", [1, 4, 16])
+def test_paged_cache_through_the_decoder_and_generate_is_bit_identical(decoder, block_size):
+    from test_decoder import _left_pad, ids
+    from attnlib import generate
+    batch, mask = _left_pad([ids(1, n, seed=n)[0] for n in (29, 40, 33)])
+    assert torch.equal(decoded(decoder, PagedKVCache(block_size), batch, mask), decoded(decoder, KVCache(), batch, mask))
+    for prompt, m in ((batch[:, :14], mask[:, :14]), (ids(2, 9), None)):
+        paged = PagedKVCache(block_size)
+        assert torch.equal(generate(decoder, prompt, 20, attention_mask=m, cache=paged),
+                           generate(decoder, prompt, 20, attention_mask=m))
+        assert paged.seq_len == prompt.shape[1] + 19 and paged.num_blocks == 2 * 3 * 0 + paged.block_table.numel()
+
+
+def test_quantized_cache_through_the_decoder_and_generate(decoder):
+    from test_decoder import _left_pad, ids
+    from attnlib import generate
+    batch, mask = _left_pad([ids(1, n, seed=n)[0] for n in (29, 40, 33)])
+    full, int8 = decoded(decoder, KVCache(), batch, mask), decoded(decoder, QuantizedKVCache(), batch, mask)
+    real = mask.bool()
+    assert 0 < (int8 - full)[real].abs().max() < 0.05 * full[real].abs().max()
+    cache = QuantizedKVCache()
+    out = generate(decoder, ids(2, 9), 20, cache=cache)
+    assert out.shape == (2, 29) and cache.seq_len == 28 and cache.nbytes == 3 * 2 * 2 * 28 * 2 * (32 + 4)
+
+
+def test_sink_cache_through_the_decoder_is_kv_cache_while_everything_fits(decoder):
+    from test_decoder import ids
+    from attnlib import generate
+    x = ids(2, 40)
+    cache = SinkCache(4, 36)
+    assert torch.equal(decoded(decoder, cache, x), decoded(decoder, KVCache(), x))
+    assert cache.rotary is decoder.rotary                          # the decoder handed over its RoPE
+    prompt = ids(2, 9)
+    assert torch.equal(generate(decoder, prompt, 30, cache=SinkCache(4, 36)), generate(decoder, prompt, 30))
+
+
+def test_sink_cache_through_generate_stays_bounded_beyond_the_position_table(decoder):
+    """A SinkCache renumbers what it keeps: 400 tokens from a model of 128 positions, in a fixed memory, and
+    the same tokens as feeding them one at a time through decoder.forward."""
+    from test_decoder import MAX_POS, ids
+    from attnlib import generate
+    prompt, cache = ids(1, 10, seed=3), SinkCache(4, 20)
+    out = generate(decoder, prompt, 400, cache=cache)
+    assert out.shape == (1, 410) and MAX_POS < 410
+    assert cache.seq_len == 24 and cache.nbytes == 3 * 1 * 2 * 24 * 2 * 32 * 4
+    by_hand = SinkCache(4, 20)
+    with torch.no_grad():
+        logits = torch.cat([decoder(prompt, by_hand)[:, -1:]] +
+                           [decoder(out[:, t:t + 1], by_hand) for t in range(10, 409)], dim=1)
+    assert torch.equal(logits.argmax(-1), out[:, 10:])
+    with pytest.raises(ValueError, match=r"10 prompt tokens \+ max_new_tokens=400 = 410 positions are beyond "
+                                         r"max_position_embeddings=128"):
+        generate(decoder, prompt, 400, cache=SinkCache(4, 200))      # 204 positions would be needed
+
+
+def test_caches_that_cannot_serve_a_model_say_why(decoder):
+    from test_decoder import _left_pad, ids
+    from test_sliding_window import ids as mistral_ids, tiny_mistral
+    from attnlib import LlamaDecoder, generate
+    batch, mask = _left_pad([ids(1, 5)[0], ids(1, 7)[0]])
+    with pytest.raises(ValueError, match=r"attention_mask \(a padded batch\) cannot be used with a SinkCache"):
+        generate(decoder, batch, 3, attention_mask=mask, cache=SinkCache(2, 8))
+    mistral = LlamaDecoder.from_hf(tiny_mistral(8))
+    with pytest.raises(ValueError, match=r"a model with sliding_window=8 drops old positions itself, and a SinkCache"):
+        generate(mistral, mistral_ids(1, 4), 3, cache=SinkCache(2, 8))
+    with pytest.raises(ValueError, match=r"another rotary embedding \(other frequencies\) than the model's"):
+        generate(decoder, ids(1, 4), 3, cache=SinkCache(2, 8, rotary=RotaryEmbedding(32, 128, base=500.0)))

@@ -224,7 +224,7 @@ def test_bad_input_ids_and_attention_mask(pair):
 
 
 def test_from_hf_refuses_what_it_does_not_model():
-    with pytest.raises(TypeError, match=r"model must be a transformers LlamaForCausalLM, got Linear"):
+    with pytest.raises(TypeError, match=r"model must be a transformers LlamaForCausalLM or MistralForCausalLM, got Linear"):
         LlamaDecoder.from_hf(torch.nn.Linear(2, 2))
     scaled = tiny_llama(layers=1, rope_parameters={"rope_type": "linear", "factor": 2.0, "rope_theta": 1e4})
     with pytest.raises(ValueError, match=r"only plain RoPE and SiLU are modelled, got rope_type='linear'"):

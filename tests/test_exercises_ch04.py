@@ -152,7 +152,17 @@ def via_five_d(x, weight, bias, num_heads):
                         for wi, bi in zip(w.chunk(3), b.chunk(3))],        # three products: values still right
 ])
 def test_fused_qkv_accepts_correct_ones(fused):
-    assert check_fused_qkv(fused).passed
+    result = check_fused_qkv(fused)
+    assert result.passed
+    assert "one matmul" not in result.message
+
+
+def test_fused_qkv_names_more_than_one_product():
+    three = check_fused_qkv(lambda x, w, b, h: [torch.nn.functional.linear(x, wi, bi).unflatten(-1, (h, -1))
+                                                .transpose(1, 2) for wi, bi in zip(w.chunk(3), b.chunk(3))])
+    assert three.passed and "from 3 matrix products" in three.message
+    for one in (good_fused, via_five_d):
+        assert "matrix products" not in check_fused_qkv(one).message
 
 
 @pytest.mark.parametrize("buggy, phrases", [

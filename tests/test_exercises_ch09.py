@@ -141,8 +141,11 @@ def test_merge_stub_crash_and_wrong_return():
 
 # --- the inner loop of tiled attention ----------------------------------------------------------
 
-def tile_step(q, k, v, m, l, acc, scale, *, rescale_l=True, rescale_acc=True, wrong_way=False, use_scale=True):
+def tile_step(q, k, v, m, l, acc, scale, *, rescale_l=True, rescale_acc=True, wrong_way=False, use_scale=True,
+              divide=False):
     s = q @ k.transpose(-2, -1) * (scale if use_scale else 1.0)  # (N, T, tk)
+    if divide:
+        s = q @ k.transpose(-2, -1) / scale  # post 000's trap: dividing by what should multiply
     m_new = torch.maximum(m, s.amax(-1))  # (N, T)
     alpha = torch.exp(m_new - m) if wrong_way else torch.exp(m - m_new)
     p = torch.exp(s - m_new[..., None])  # (N, T, tk)
@@ -160,6 +163,7 @@ def test_tile_step_accepts_a_correct_one():
     ({"rescale_acc": False}, "forgot to rescale the accumulator"),
     ({"wrong_way": True}, "rescaled the wrong way"),
     ({"use_scale": False}, "the scale left out"),
+    ({"divide": True}, "divided the scores by scale"),
 ])
 def test_tile_step_names_the_mistake(kwargs, phrase):
     assert_names(check_tile_step(lambda *a: tile_step(*a, **kwargs)), phrase)

@@ -181,3 +181,28 @@ def test_a_late_tile_far_above_the_first_ones_is_redone_exactly():
     out = attnlib.tiled_attention(q, k, v, block_size=64)
     ref = F.scaled_dot_product_attention(q, k, v)
     assert torch.isfinite(out).all() and (out - ref).abs().max() < 1e-10
+
+
+@pytest.mark.parametrize("gap,value", [(85.0, 1000.0), (80.0, 1e6)])
+def test_an_overflowing_output_accumulator_is_redone_exactly(gap, value):
+    """acc = Σ p·v overflows before l = Σ p when |v| > 1: a score `gap` above the first tile's max with
+    2^(gap·log2 e) near float32's limit leaves l finite but acc infinite. SDPA is finite; so must we be."""
+    q, k = torch.zeros(1, 1, 1, 4), torch.zeros(1, 1, 256, 4)
+    q[..., 0] = 1.0
+    k[..., 200, 0] = 2 * gap  # scale 1/sqrt(4): score `gap` at key 200, in the second tile of 128
+    v = torch.full((1, 1, 256, 1), value)
+    out = attnlib.tiled_attention(q, k, v, block_size=128)
+    ref = F.scaled_dot_product_attention(q, k, v)
+    assert torch.isfinite(out).all() and torch.allclose(out, ref, rtol=1e-5)
+
+
+@pytest.mark.parametrize("block_size", [5, 6, 8, 12])
+def test_scores_in_the_hundreds_with_large_values_equal_sdpa(block_size):
+    """Row 0's first tile max is ~93 and its overall max ~179 (the ex-tile-step checker's data), v × 30."""
+    g = torch.Generator().manual_seed(3)
+    q, k, v = torch.randn(2, 5, 8, generator=g), torch.randn(2, 23, 8, generator=g), torch.randn(2, 23, 3, generator=g)
+    q[0, 0] *= 60.0
+    k[:, -4:] *= 3.0
+    out = attnlib.tiled_attention(q, k, 30 * v, block_size=block_size)
+    ref = F.scaled_dot_product_attention(q, k, 30 * v)
+    assert torch.isfinite(out).all() and torch.allclose(out, ref, rtol=1e-4, atol=1e-3)

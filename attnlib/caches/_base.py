@@ -29,11 +29,16 @@ class Cache(Protocol):
       v (B, H_kv, S_new, Dv) of layer `layer_idx` (layers are filled in order, 0 first) and return
       the keys and values that the layer's new queries attend to, (B, H_kv, S, Dh) and (..., Dv),
       the new ones last.
-    - `seq_len`: positions seen so far (layer 0's count): the next token's position.
+    - `seq_len`: the next token's position (layer 0's count): the positions seen so far, or, for a
+      cache that renumbers what it keeps (SinkCache), the positions it holds.
     - `get_seq_len(layer_idx)`: the same for one layer (0 if it has nothing yet).
     - `batch_size`: B of the cached sequences, None while empty.
     - `len(cache)`: the number of layers filled.
     - `nbytes`: bytes of the keys and values held now (what is kept, scales included).
+
+    A cache that must know the model it serves also has `fit(*, sliding_window, rotary, padded)`,
+    which LlamaDecoder calls before each forward: KVCache rolls with the model's sliding window,
+    SinkCache re-rotates the keys it keeps with the model's rotary embedding.
     """
 
     def update(self, layer_idx: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]: ...

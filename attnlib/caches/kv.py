@@ -28,13 +28,34 @@ class KVCache:
     """An empty cache for a whole model, grown in place, one entry per attention layer (the `Cache` contract).
 
     Each layer's keys and values live in a preallocated buffer (B, H_kv, capacity, Dh) whose
-    capacity doubles when full, so appending one token costs a copy of that token only.
+    capacity doubles when full, so appending one token costs, amortised, a copy of that token only.
+
+    sliding_window=W makes it a rolling buffer for a sliding-window model (Mistral), whose queries see
+    only the last W positions, themselves included: between calls each layer keeps the last W - 1
+    positions and drops the older ones, so its memory stays bounded however long the sequence. A
+    sliding-window LlamaDecoder sets the window of the KVCache it fills. `seq_len` still counts
+    every position seen: it is the next token's position.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, sliding_window: int | None = None) -> None:
         self._k: list[torch.Tensor] = []  # per layer: (B, H_kv, capacity, Dh)
         self._v: list[torch.Tensor] = []  # per layer: (B, H_kv, capacity, Dv)
-        self._len: list[int] = []         # per layer: positions filled
+        self._len: list[int] = []         # per layer: slots filled
+        self._dropped: list[int] = []     # per layer: positions dropped before slot 0 (a rolling buffer's)
+        self.sliding_window = None
+        self.fit(sliding_window=sliding_window)
+
+    def fit(self, *, sliding_window: int | None = None, **model: object) -> None:
+        """Keep what a model with this sliding window (None: none) needs; LlamaDecoder calls it before
+        each forward. A cache belongs to the model that filled it: another window is a ValueError."""
+        if sliding_window is not None and (isinstance(sliding_window, bool) or not isinstance(sliding_window, int)
+                                           or sliding_window < 1):
+            raise ValueError(f"sliding_window must be an int >= 1 (the positions a query sees, itself "
+                             f"included) or None, got {sliding_window!r}")
+        if sliding_window != self.sliding_window and len(self):
+            raise ValueError(f"the cache was filled with sliding_window={self.sliding_window}, not "
+                             f"{sliding_window}: a cache belongs to one model; start a new KVCache()")
+        self.sliding_window = sliding_window
 
     def __len__(self) -> int:
         """The number of layers filled."""
@@ -45,20 +66,26 @@ class KVCache:
         """B of the cached sequences (None for an empty cache)."""
         return self._k[0].shape[0] if self._k else None
 
+    def _kept(self, layer_idx: int) -> int:
+        """Positions layer `layer_idx` keeps for later tokens: all, or the last W - 1 under a window W."""
+        n = self._len[layer_idx]
+        return n if self.sliding_window is None else min(n, self.sliding_window - 1)
+
     @property
     def nbytes(self) -> int:
-        """Bytes of the keys and values cached so far (the filled part of the buffers)."""
-        return sum((k.shape[0] * k.shape[1] * (k.shape[3] + v.shape[3]) * n) * k.element_size()
-                   for k, v, n in zip(self._k, self._v, self._len))
+        """Bytes of the keys and values kept (the filled part of the buffers; under a sliding window W,
+        at most W - 1 positions per layer)."""
+        return sum((k.shape[0] * k.shape[1] * (k.shape[3] + v.shape[3]) * self._kept(i)) * k.element_size()
+                   for i, (k, v) in enumerate(zip(self._k, self._v)))
 
     @property
     def seq_len(self) -> int:
-        """Positions cached so far (layer 0's length; 0 for an empty cache)."""
-        return self._len[0] if self._len else 0
+        """Positions seen so far (layer 0's count; 0 for an empty cache), which is the next token's position."""
+        return self.get_seq_len(0)
 
     def get_seq_len(self, layer_idx: int) -> int:
-        """Positions cached for one layer (0 if that layer has nothing yet)."""
-        return self._len[layer_idx] if layer_idx < len(self._len) else 0
+        """Positions seen by one layer (0 if that layer has nothing yet)."""
+        return self._dropped[layer_idx] + self._len[layer_idx] if layer_idx < len(self._len) else 0
 
     def _check(self, layer_idx: int, k: torch.Tensor, v: torch.Tensor) -> None:
         for name, t in (("k", k), ("v", v)):
@@ -86,21 +113,40 @@ class KVCache:
     def update(self, layer_idx: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Append k (B, H_kv, S_new, Dh) and v (B, H_kv, S_new, Dv) to layer `layer_idx`.
 
-        Returns everything that layer has cached: (B, H_kv, S_past + S_new, Dh) and (..., Dv).
+        Returns everything that layer has cached: (B, H_kv, S_past + S_new, Dh) and (..., Dv); under a
+        sliding window W, the last W - 1 positions before the new ones, and the new ones.
         """
         self._check(layer_idx, k, v)
         if layer_idx == len(self):
             self._k.append(k.new_empty(k.shape[0], k.shape[1], 0, k.shape[3]))
             self._v.append(v.new_empty(v.shape[0], v.shape[1], 0, v.shape[3]))
             self._len.append(0)
+            self._dropped.append(0)
         start, new = self._len[layer_idx], k.shape[2]
         if start + new > self._k[layer_idx].shape[2]:
-            self._grow(layer_idx, max(2 * (start + new), 16))
+            if self.sliding_window is not None and self._kept(layer_idx) < start:
+                start = self._roll(layer_idx)
+            if start + new > self._k[layer_idx].shape[2]:
+                self._grow(layer_idx, max(2 * (start + new), 16))
         k_buf, v_buf = self._k[layer_idx], self._v[layer_idx]
         k_buf.narrow(2, start, new).copy_(k)            # buffer[:, :, start:start + new] = k
         v_buf.narrow(2, start, new).copy_(v)
+        first = 0 if self.sliding_window is None else max(0, start - self.sliding_window + 1)  # the W - 1 kept
         self._len[layer_idx] = end = start + new
-        return k_buf.narrow(2, 0, end), v_buf.narrow(2, 0, end)  # views of the filled part
+        return k_buf.narrow(2, first, end - first), v_buf.narrow(2, first, end - first)  # views of the filled part
+
+    def _roll(self, layer_idx: int) -> int:
+        """Move the positions a rolling buffer keeps to the front of its full buffer; return their number.
+
+        The older ones are out of every later query's window. Done only when the buffer is full, so
+        each position is moved about once: appending a token stays a copy of that token, on average.
+        """
+        start, keep = self._len[layer_idx], self._kept(layer_idx)
+        for buf in (self._k[layer_idx], self._v[layer_idx]):
+            buf.narrow(2, 0, keep).copy_(buf.narrow(2, start - keep, keep).clone())  # the ranges may overlap
+        self._dropped[layer_idx] += start - keep
+        self._len[layer_idx] = keep
+        return keep
 
     def _grow(self, layer_idx: int, capacity: int) -> None:
         """Move layer `layer_idx` into buffers of `capacity` positions."""
@@ -112,6 +158,7 @@ class KVCache:
 
     def __repr__(self) -> str:
         if not self._len:
-            return "KVCache(empty)"
+            return "KVCache(empty)" if self.sliding_window is None else f"KVCache(empty, sliding_window={self.sliding_window})"
         B, H_kv, _, Dh = self._k[0].shape
-        return f"KVCache(layers={len(self)}, seq_len={self.seq_len}, B={B}, H_kv={H_kv}, Dh={Dh})"
+        window = "" if self.sliding_window is None else f", sliding_window={self.sliding_window}"
+        return f"KVCache(layers={len(self)}, seq_len={self.seq_len}, B={B}, H_kv={H_kv}, Dh={Dh}{window})"

@@ -27,7 +27,7 @@ class LatentCache(LayeredCache):
 
     @property
     def nbytes(self) -> int:
-        """Bytes of the latents and rotary keys held: layers · B · S · (r + D_R) · bytes per element."""
+        """Bytes of the latents and rotary keys held, layers · B · S · (r + D_R) · bytes per element."""
         return sum(lat.shape[0] * (lat.shape[-1] + kr.shape[-1]) * n * lat.element_size()
                    for lat, kr, n in zip(self._latent, self._k_rope, self._len))
 

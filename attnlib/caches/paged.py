@@ -37,7 +37,7 @@ class PagedKVCache(LayeredCache):
 
     @property
     def block_table(self) -> torch.Tensor:
-        """(B, blocks per sequence) int64: block_table[b, i] holds positions i·block_size .. (i+1)·block_size - 1
+        """The block table, (B, blocks per sequence) int64; block_table[b, i] holds positions i·block_size .. (i+1)·block_size - 1
         of sequence b."""
         return self._table
 
@@ -49,7 +49,7 @@ class PagedKVCache(LayeredCache):
 
     @property
     def reserved_nbytes(self) -> int:
-        """Bytes of the blocks handed out (filled or not): what the cache takes from the pool."""
+        """Bytes of the blocks handed out (filled or not), which is what the cache takes from the pool."""
         return sum(self.num_blocks * k[0].numel() * k.element_size() + self.num_blocks * v[0].numel() * v.element_size()
                    for k, v in self._pools)
 

@@ -49,7 +49,7 @@ class QuantizedKVCache(LayeredCache):
 
     @property
     def nbytes(self) -> int:
-        """Bytes held: the int8 keys and values plus their scales, layer by layer."""
+        """Bytes held by the int8 keys and values plus their scales, layer by layer."""
         return sum(sum(t[:, :, :n].numel() * t.element_size() for t in store)
                    for store, n in zip(self._store, self._len))
 

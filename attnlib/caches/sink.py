@@ -48,9 +48,29 @@ class SinkCache(LayeredCache):
         self._rot: list[torch.Tensor | None] = []       # per layer: (capacity, 1) position each key was rotated at
         self._filled: list[int] = []                    # per layer: slots filled (held + the last step's overflow)
 
+    def fit(self, *, sliding_window: int | None = None, rotary: torch.nn.Module | None = None,
+            padded: bool = False) -> None:
+        """Take the model's rotary embedding (LlamaDecoder calls this before each forward). Renumbering the
+        positions it keeps, the cache cannot serve padded batches (padding counts real tokens) nor a
+        sliding-window model (which drops old positions itself): ValueErrors."""
+        if padded:
+            raise ValueError("attention_mask (a padded batch) cannot be used with a SinkCache, which drops positions "
+                             "and renumbers the rest: feed sequences of one length, without padding")
+        if sliding_window is not None:
+            raise ValueError(f"a model with sliding_window={sliding_window} drops old positions itself, and a "
+                             f"SinkCache would renumber them: use a KVCache")
+        if rotary is None or rotary is self.rotary:
+            return
+        if self.rotary is None and len(self):
+            raise ValueError("this SinkCache holds keys cached without a rotary embedding: start a new SinkCache")
+        if self.rotary is not None and not torch.equal(self.rotary.inv_freq.cpu(), rotary.inv_freq.cpu()):
+            raise ValueError("this SinkCache re-rotates its keys with another rotary embedding (other frequencies) "
+                             "than the model's: a cache belongs to one model; start a new SinkCache")
+        self.rotary = rotary
+
     @property
     def capacity(self) -> int:
-        """num_sinks + window: the most positions a layer holds between steps."""
+        """The most positions a layer holds between steps, num_sinks + window."""
         return self.num_sinks + self.window
 
     @property

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 import torch
 from torch import nn
+from torch.nn.utils import parametrize
 
 from attnlib.drill.build import Forward, build
 from attnlib.drill.diagnosis import B, D, H, S, T, call, diagnose
@@ -88,6 +89,13 @@ def _contract(model: nn.Module) -> None:
         raise CandidateError("your module holds an nn.MultiheadAttention: the drill asks you to write multi-head "
                              "attention yourself, from nn.Linear projections (and nn.MultiheadAttention's masks are "
                              "True = ignore, the opposite of the drill's)")
+    bound = [n for n, m in model.named_modules() if isinstance(m, nn.Linear) and parametrize.is_parametrized(m)]
+    if bound:
+        raise CandidateError(f"{', '.join(f'`{n}`' for n in bound)} {'is' if len(bound) == 1 else 'are'} under a "
+                             f"parametrization (weight_norm, spectral_norm, ...): the weight is recomputed from other "
+                             f"parameters on every call, so the checker cannot rebuild attention from it. The drill's "
+                             f"contract: plain nn.Linear projections (a parametrization belongs to training, outside "
+                             f"the drill)")
     if not any(isinstance(m, nn.Linear) for m in model.modules()):
         params = ", ".join(f"{n} {tuple(p.shape)}" for n, p in model.named_parameters()) or "none"
         raise CandidateError(f"found no nn.Linear layer, only the parameters {params}. The drill's contract: the "
@@ -144,7 +152,8 @@ def _check(candidate: object, drill: Drill, seconds: float | None) -> str:
             raise CandidateError(diagnose(model, fwd, drill, first + [o for o in options if o is not layers], missing,
                                           found, x, got, errors, wrong))
         with torch.enable_grad():
-            gradients(layers, out_of(model, x), simulate(layers, H, x, got[0][0], live=True)[0][0])
+            xg = x.clone().requires_grad_()
+            gradients(layers, out_of(model, xg), simulate(layers, H, xg, got[0][0], live=True)[0][0], xg)
     checked = [check_weights(weights[case.call], simulate(layers, H, x, case)[0][1], case.call, drill.need_weights,
                              simulate(layers, H, x, Case(case.call, context=case.context, x=case.x))[0][1])
                for case, _ in got]

@@ -23,6 +23,7 @@ from attnlib.drill.layers import ROLES, Layers
 from attnlib.drill.mistakes import describe
 from attnlib.drill.output import unpack
 from attnlib.drill.roles import names_note
+from attnlib.drill.slips import fused_note, order_dependence, slip_of
 from attnlib.drill.variants import Case, Variant, explain, reproduces, simulate
 from attnlib.exercises._core import CandidateError, matching
 
@@ -130,6 +131,10 @@ def _row_sums(model, fwd, drill, layers: Layers, x, case: Case, out: torch.Tenso
                 layers.parts[i].bias[r] -= 1.0
     if bool(((sums - 1).abs() < 1e-4).all()):
         return None
+    if bool(((sums - 1).abs() < 1e-2).all()):
+        return (f"each query's attention weights sum to {float(sums.min()):.4g} to {float(sums.max()):.4g}, not "
+                f"exactly 1: a softmax in low precision (bfloat16 or float16), or an epsilon in a normalisation of "
+                f"your own?")
     return (f"each query's attention weights should sum to 1, and yours sum to {float(sums.min()):.3g} to "
             f"{float(sums.max()):.3g} (adding 1 to every value vector adds that much to the output of each head): a "
             f"softmax over the wrong axis, a mask applied after it, or a normalisation of your own?")
@@ -189,10 +194,18 @@ def _explained(model, fwd, drill, options: list[Layers], found, x, got, wrong: l
     if scale is not None:
         return (f"{head}: the scores are multiplied by {scale:.4g} (divided by {1 / scale:.4g}) before the softmax, "
                 f"where 1/sqrt(d_k) = 1/sqrt({D // H}) = {1 / math.sqrt(D // H):.4g}")
+    slip = slip_of(layers, H, x, first, out)
+    if slip:
+        return f"{head}: {slip}" + names_note(layers, passed=False)
     facts = _facts(model, fwd, drill, layers, found, x, first, out)
+    order = order_dependence(lambda xi: call(model, fwd, x, dataclasses.replace(first, x=xi), drill)[0].detach(),
+                             x, first, out)
+    facts += [order] if order else []
     return (f"{head}. Compared with multi-head attention rebuilt from your {layers.described}: " + "; ".join(facts)
             + f". Print your shapes: q, k, v should be (B, H, T, Dh) = {fmt_shape((B, H, T, D // H))}, the scores "
-            f"(B, H, T, T) = {fmt_shape((B, H, T, T))}, the output (B, T, D) = {fmt_shape((B, T, D))}")
+            f"(B, H, T, T) = {fmt_shape((B, H, T, T))}, the output (B, T, D) = {fmt_shape((B, T, D))}"
+            + fused_note(layers))
+
 
 
 def diagnose(model, fwd, drill, options: list[Layers], missing, found, x, got, errors, wrong: list[Case]) -> str:

@@ -4,12 +4,13 @@ probes.find learns, from what the weights do to the output, which nn.Linear laye
 (the input projections) and which one maps the merged heads to the output. Their rows, stacked in the
 order the module registers them, hold 3H slices of Dh rows. A *layout* says which slice is which head
 of which role: blocks [q | k | v] in any order, per head (H, 3, Dh) as GPT-NeoX and Megatron store a
-fused projection, one nn.Linear per head and role (nanoGPT's lecture), a separate query beside a fused
+fused projection, feature by feature (D, 3) (rows, not slices), one nn.Linear per head and role (nanoGPT's lecture), a separate query beside a fused
 key_value laid out either way. `layouts` lists them; roles.choose keeps the one the output agrees with.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import itertools
 from dataclasses import dataclass, field
@@ -59,6 +60,14 @@ class Layers:
     def _out_copy(self) -> tuple[torch.Tensor, torch.Tensor | None]:
         b = self.out.bias
         return self.out.weight.detach().clone(), None if b is None else b.detach().clone()
+
+    def edited(self, weight: torch.Tensor, bias: torch.Tensor | None, out_weight: torch.Tensor,
+               out_bias: torch.Tensor | None) -> Layers:
+        """The same layout with other parameter values (copies): what forward computes if it used the reader's
+        parameters differently (a bias dropped, a weight not transposed)."""
+        new = dataclasses.replace(self)
+        new.__dict__.update(_copy=(weight, bias), _out_copy=(out_weight, out_bias))  # the cached copies
+        return new
 
     @property
     def described(self) -> str:
@@ -111,6 +120,13 @@ def layouts(parts: list[tuple[str, nn.Linear]], out: tuple[str, nn.Linear], D: i
             if picked not in seen:
                 seen.add(picked)
                 options.append(_layers(parts, out, picked, Dh, H, _words(kind, perm, parts, D, H), owner))
+    if len(parts) == 1 and parts[0][1].out_features == 3 * D:  # one fused layer viewed as (D, 3): roles feature by feature
+        for perm in itertools.permutations(range(3)):
+            rows = torch.tensor([f * 3 + perm[r] for r in range(3) for f in range(D)])
+            order = "[" + ", ".join("qkv"[perm.index(s)] for s in range(3)) + "]"
+            options.append(Layers({r: parts[0][0] for r in ROLES} | {"o": out[0]},
+                                  f"fused, interleaved feature by feature (D, 3) as {order}", (parts[0][1],),
+                                  (parts[0][0],), rows, out[1]))
     return options
 
 

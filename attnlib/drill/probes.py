@@ -5,7 +5,7 @@ nothing is unused; a (D, D) layer whose row i changes only feature i of the outp
 projection; the others are the input projections, however forward reaches them (layer(x),
 layer.forward(x), x @ W.T, F.linear on weights concatenated at run time, on x reshaped or transposed).
 A slice of their rows that the output depends on linearly is a value slice. `gradients` checks that
-backward reaches every projection as it reaches them in the reference.
+backward reaches every projection and x as it reaches them in the reference.
 """
 
 from __future__ import annotations
@@ -95,24 +95,29 @@ def _values(inputs: list[tuple[str, nn.Linear]], output: Output, base: torch.Ten
     return frozenset(found)
 
 
-def gradients(layers, output: torch.Tensor, reference: torch.Tensor) -> None:
-    """CandidateError unless backward from the reader's output reaches every projection's weight as it
-    reaches it from the reference (rebuilt on the same parameters)."""
+def gradients(layers, output: torch.Tensor, reference: torch.Tensor, x: torch.Tensor) -> None:
+    """CandidateError unless backward from the reader's output reaches every projection's weight, and x (a
+    leaf that requires grad), as it reaches them from the reference (rebuilt on the same parameters)."""
     params = list(zip(layers.part_names, (m.weight for m in layers.parts)))
     params.append((layers.names["o"], layers.out.weight))
     r = torch.randn(output.shape, generator=torch.Generator().manual_seed(3))
     try:
-        got = torch.autograd.grad((output * r).sum(), [p for _, p in params], allow_unused=True)
+        got = torch.autograd.grad((output * r).sum(), [p for _, p in params] + [x], allow_unused=True)
     except RuntimeError as exc:
         raise CandidateError(f"backward through forward(x) raised RuntimeError: {exc}") from None
-    want = torch.autograd.grad((reference * r).sum(), [p for _, p in params], allow_unused=True)
+    want = torch.autograd.grad((reference * r).sum(), [p for _, p in params] + [x], allow_unused=True)
+    if got[-1] is None or not got[-1].any():
+        raise CandidateError("the output is right, but x gets no gradient from it: forward cuts its input from "
+                             "autograd (x.detach(), x.data, numpy, or torch.no_grad() around the projections), so "
+                             "the layers before attention would never learn")
     dead = [n for (n, _), g, w in zip(params, got, want) if (g is None or not g.any()) and w is not None and w.any()]
     if dead:
         raise CandidateError(f"the output is right, but {', '.join(f'`{n}`' for n in dead)} get{'s' if len(dead) == 1 else ''} "
                              f"no gradient from it: backward never reaches {'it' if len(dead) == 1 else 'them'} "
                              f"(torch.no_grad(), .detach(), .data or numpy on the way), so training would never "
                              f"update {'it' if len(dead) == 1 else 'them'}")
-    off = [n for (n, _), g, w in zip(params, got, want) if w is not None and not matching(g, {"": w}, atol=1e-4)]
+    off = [n for (n, _), g, w in zip(params + [("x", x)], got, want) if w is not None
+           and not matching(g, {"": w}, atol=1e-4)]
     if off:
         raise CandidateError(f"the output is right, but the gradient of {', '.join(f'`{n}`' for n in off)} differs "
                              f"from the reference's: part of its path is cut from autograd (.detach() or .data)")

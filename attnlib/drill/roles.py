@@ -37,7 +37,7 @@ def ranked(options: list[Layers], values: frozenset[int] | None) -> list[Layers]
     def key(item: tuple[int, Layers]) -> tuple:
         i, o = item
         H = len(o.units) // 3
-        v_ok = values is not None and set(o.units[2 * H:]) == set(values)
+        v_ok = values is not None and bool(o.units) and set(o.units[2 * H:]) == set(values)
         return (not v_ok, -_agreement(o), i)
     return [o for _, o in sorted(enumerate(options), key=key)]
 

@@ -10,6 +10,7 @@ import numbers
 from collections.abc import Callable, Iterable, Mapping
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from attnlib.exercises._core import CandidateError, as_tensor, checker, expect_close, full_precision, run
 from attnlib.exercises.ch01 import reject_shape_mistakes
@@ -146,6 +147,20 @@ def _as_triple(got: object, what: str) -> torch.Tensor:
     return torch.stack([result_tensor(t, f"{what}, {name}", (B, H, T, Dh)) for t, name in zip(got, "qkv")])
 
 
+class _CountProducts(TorchDispatchMode):
+    """Counts the matrix products run inside it (torch lowers @, F.linear and einsum to these ops)."""
+
+    OPS = frozenset({"mm", "addmm", "bmm", "baddbmm", "mv", "addmv", "dot", "_addmm_activation"})
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.products = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.products += func.overloadpacket.__name__ in self.OPS
+        return func(*args, **(kwargs or {}))
+
+
 @checker("fused QKV projection")
 def check_fused_qkv(fn: Callable[..., tuple]) -> str:
     """fn(x, weight, bias, num_heads) -> (q, k, v), each (B, H, T, Dh), from nn.MultiheadAttention's
@@ -175,4 +190,12 @@ def check_fused_qkv(fn: Callable[..., tuple]) -> str:
         "the heads viewed straight to (B, H, T, Dh) without the transpose, which cuts the sequence instead "
         "of each token's width": torch.stack([t.reshape(B, H, T, Dh) for t in y.split(D, dim=-1)]),
     })
-    return "one matmul of x with the (3D, D) weight, split into q, k, v blocks, each split into heads"
+    try:  # the values are right; now count the products that made them (a second, watched run)
+        with _CountProducts() as counted:
+            _run_tensor(fn, x, weight, bias, H, what=what)
+    except (CandidateError, RuntimeError):  # code that does not run under a dispatch mode: no count
+        counted = None
+    if counted is not None and counted.products > 1:
+        return (f"q, k and v are right, but from {counted.products} matrix products: the exercise asks for "
+                f"one, x @ weight.T + bias on the whole (3D, D) weight, then a split of the (B, T, 3D) result")
+    return "q, k and v equal the fused projection's three D-wide blocks, each split into heads (B, H, T, Dh)"

@@ -44,7 +44,7 @@ def _tensor_or_named(got: object, what: str, shape: tuple[int, ...],
 
 @checker("repeat_kv")
 def check_repeat_kv(fn: Callable[[torch.Tensor, int], torch.Tensor]) -> str:
-    """fn(x, n_rep) with x (B, H_kv, S, Dh) returns (B, H_kv·n_rep, S, Dh): head j repeated n_rep times in place."""
+    """fn(x, n_rep) with x (B, H_kv, S, Dh) returns (B, H_kv·n_rep, S, Dh): head j repeated n_rep times next to itself."""
     B, H_kv, S, Dh, n_rep = 2, 2, 5, 4, 3  # all different: no axis can stand in for another
     x = torch.randn(B, H_kv, S, Dh)
     what = f"repeat_kv(x, n_rep={n_rep}) with x of shape {(B, H_kv, S, Dh)}"
@@ -60,7 +60,7 @@ def check_repeat_kv(fn: Callable[[torch.Tensor, int], torch.Tensor]) -> str:
     })
     expect_close(got, repeat_kv(x, n_rep), what, mistakes={
         "the kv heads tiled (h0, h1, h0, h1, ...) as x.repeat(1, n_rep, 1, 1) does, instead of each "
-        "repeated in place (h0, h0, h0, h1, ...): query head i must meet kv head i // n_rep, not "
+        "repeated next to itself (h0, h0, h0, h1, ...): query head i must meet kv head i // n_rep, not "
         "i % H_kv": x.repeat(1, n_rep, 1, 1),
         "the repeated heads mixed with the sequence axis: expand and reshape in the wrong order":
             x[:, :, :, None].expand(B, H_kv, S, n_rep, Dh).reshape(B, H_kv * n_rep, S, Dh),
@@ -71,7 +71,7 @@ def check_repeat_kv(fn: Callable[[torch.Tensor, int], torch.Tensor]) -> str:
         raise CandidateError(f"{what} gives the right result, but it calls repeat_interleave, which this "
                              f"exercise rules out: write it with expand and reshape (a view, then one copy), "
                              f"or by indexing the heads with torch.arange(H_kv * n_rep) // n_rep")
-    return "each kv head repeated n_rep times in place, so query head i meets kv head i // n_rep"
+    return "each kv head repeated n_rep times next to itself, so query head i meets kv head i // n_rep"
 
 
 def _as_int(value: object, what: str) -> int:

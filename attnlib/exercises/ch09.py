@@ -129,7 +129,7 @@ def check_tile_step(fn: Callable[..., State]) -> str:
     """fn(q, k_tile, v_tile, m, l, acc, scale) folds one key tile into the running (m, l, acc).
 
     q (N, T, Dh), k_tile (N, tile, Dh), v_tile (N, tile, Dv), m and l (N, T), acc (N, T, Dv): N is the
-    batch and head axes flattened into one, N = B·H.
+    batch and head axes flattened into one, N = B·H. scale = 1/sqrt(Dh) multiplies the scores.
     """
     g = torch.Generator().manual_seed(3)
     N, T, S, Dh, Dv, tile = 2, 5, 23, 8, 3, 6
@@ -152,6 +152,8 @@ def check_tile_step(fn: Callable[..., State]) -> str:
             variant(rescale_acc=False),
         "rescaled the wrong way: exp(m_new - m_old) instead of exp(m_old - m_new)": variant(wrong_way=True),
         "the scale left out of the scores": variant(used_scale=1.0),
+        "divided the scores by scale: scale = 1/sqrt(Dh) multiplies them (s = q kᵀ · scale)":
+            variant(used_scale=1.0 / scale),
     }
     for m_kept in (true_max, torch.full_like(true_max, _NEG_INF)):  # m returned updated, or left at -inf
         mistakes[f"no max subtraction: exp(s) overflows for scores in the hundreds"

@@ -33,8 +33,8 @@ def _as_bool_mask(got: object, what: str, T: int) -> torch.Tensor:
     if got.dtype == torch.bool:
         return got
     values = set(got.unique().tolist())
-    if got.is_floating_point() and values <= {0.0, float("-inf")}:
-        return got == 0                                        # the additive convention: 0 = may attend
+    if got.is_floating_point() and all(v == 0 or v <= -1e4 for v in values):
+        return got == 0  # the additive convention: 0 = may attend, -inf or a huge negative (finfo.min, -1e9) = hidden
     if got.is_floating_point() and values <= {0.0, 1.0}:
         raise CandidateError(f"{what} is a float mask of 0s and 1s: SDPA adds a float mask to the scores, so "
                              f"it would add 1 to some scores and hide nothing. Return bool (True = may attend)")
@@ -55,7 +55,10 @@ def check_sliding_window_mask(fn: Callable[[int, int], torch.Tensor]) -> str:
             continue
         mistakes = {
             "window + 1 keys per query: the bound is off by one (keys i - window .. i; tril/triu diagonals "
-            "are inclusive)": _window_mask(T, 0, window),
+            "are inclusive; the Mistral paper's \"positions between i - W and i\" reads this way, but its rolling "
+            "buffer, and transformers, hold W keys)": _window_mask(T, 0, window),
+            "the query itself left out (keys i - window .. i - 1): a query always sees its own key":
+                _window_mask(T, 1, window),
             "window - 1 keys per query: the bound is off by one (the query itself counts in its window)":
                 _window_mask(T, 0, window - 2),
             "no causal limit: keys after the query are visible (|i - j| < window)": _window_mask(T, 1 - window, window - 1),
@@ -64,6 +67,10 @@ def check_sliding_window_mask(fn: Callable[[int, int], torch.Tensor]) -> str:
             "a plain causal mask: the window is never applied": _window_mask(T, 0, T),
             "the window without the causal limit: every later key is visible too": _window_mask(T, -T, window - 1),
             "the first `window` keys instead of the last": _window_mask(T, 0, T) & (torch.arange(T) < window),
+            "chunked attention (the keys of the query's own chunk of `window` positions): a sliding window moves "
+            "with the query": _window_mask(T, 0, T) & (torch.arange(T)[:, None] // window == torch.arange(T) // window),
+            "a symmetric window of window // 2 keys on each side (Longformer's, for an encoder): a decoder's "
+            "window looks only back": _window_mask(T, -(window // 2), window // 2),
         }
         found = [name for name, m in mistakes.items() if torch.equal(got, m)]
         raise CandidateError(f"{what} is wrong" + (f": it is {found[0]}" if found else
@@ -76,7 +83,7 @@ def check_sliding_window_mask(fn: Callable[[int, int], torch.Tensor]) -> str:
 def check_rolling_buffer_update(fn: Callable[[torch.Tensor, torch.Tensor, int], torch.Tensor | None]) -> str:
     """fn(buffer, k, pos) with buffer (B, H_kv, W, Dh) and k (B, H_kv, 1, Dh), the key of position `pos`
     (0, 1, 2, ...), writes k into slot pos % W and returns the buffer (or None after writing in place)."""
-    B, H_kv, W, Dh, steps = 2, 3, 4, 5, 11                # the stream wraps around the buffer twice
+    B, H_kv, W, Dh, steps = 2, 2, 4, 5, 11   # the stream wraps around twice; no size is W - 1 (see _slot_mistakes)
     stream = torch.randn(B, H_kv, steps, Dh)
     buffer, want = torch.zeros(B, H_kv, W, Dh), torch.zeros(B, H_kv, W, Dh)
     for pos in range(steps):
@@ -87,8 +94,9 @@ def check_rolling_buffer_update(fn: Callable[[torch.Tensor, torch.Tensor, int], 
             got = run(lambda: fn(buffer, k, pos), what=what)  # writing into the buffer is allowed
         except CandidateError as exc:
             wrapped = pos >= W and "out of bounds" in str(exc)
-            raise CandidateError(str(exc) + (f". Position {pos} is past the last slot: a rolling buffer "
-                                             f"wraps around, slot = pos % W" if wrapped else "")) from None
+            raise CandidateError(str(exc) + (f". Position {pos} is past the last slot: a rolling buffer wraps "
+                                             f"around, slot = pos % W, where W = buffer.shape[2] (the slot axis)"
+                                             if wrapped else "")) from None
         if not torch.equal(k, k_before):
             raise CandidateError(f"{what} changed k in place: the caller's new key is overwritten")
         got = buffer if got is None else got
@@ -97,15 +105,7 @@ def check_rolling_buffer_update(fn: Callable[[torch.Tensor, torch.Tensor, int], 
             "the new key alone, not the buffer": k,
             "the buffer with the key appended (W + 1 slots): a rolling buffer overwrites a slot": torch.cat([before, k], 2),
         })
-        shifted = torch.cat([before[:, :, 1:], k], dim=2)
-        expect_close(got, want, what, atol=0, mistakes={
-            "the buffer shifted by one and the new key appended: a sliding window in time order, which copies "
-            "all W slots at every step; a rolling buffer overwrites one slot, pos % W": shifted,
-            "the key written into slot (pos + 1) % W: off by one": _written(before, k, (pos + 1) % W),
-            "the key written into slot (pos - 1) % W: off by one": _written(before, k, (pos - 1) % W),
-            "the buffer unchanged: the new key was never written": before,
-            "the key written into every slot": k.expand_as(before),
-        })
+        expect_close(got, want, what, atol=0, mistakes=_slot_mistakes(before, k, pos))
         buffer = got
     return f"position p goes to slot p % W: after {steps} keys the buffer holds the last {W}, each in its slot"
 
@@ -114,6 +114,35 @@ def _written(buffer: torch.Tensor, k: torch.Tensor, slot: int) -> torch.Tensor:
     out = buffer.clone()
     out[:, :, slot] = k[:, :, 0]
     return out
+
+
+def _slot_mistakes(before: torch.Tensor, k: torch.Tensor, pos: int) -> dict[str, torch.Tensor]:
+    """What the usual wrong updates of before (B, H_kv, W, Dh) with k (B, H_kv, 1, Dh) give at `pos`. Each
+    is the first mistake to show: (pos ± 1) % W already differs at pos 0, a wrong modulus s at pos = s."""
+    W = before.shape[2]
+    mistakes = {
+        "the buffer shifted by one and the new key appended: a sliding window in time order, which copies "
+        "all W slots at every step; a rolling buffer overwrites one slot, pos % W": torch.cat([before[:, :, 1:], k], 2),
+        "the key written into slot (pos + 1) % W: off by one": _written(before, k, (pos + 1) % W),
+        ("the key written into slot min(pos, W - 1): once the buffer is full every key overwrites the last slot; "
+         "a rolling buffer wraps around, slot = pos % W" if pos >= W else
+         "the key written into slot (pos - 1) % W: off by one"): _written(before, k, (pos - 1) % W),
+        "the buffer unchanged: the new key was never written": before,
+        "the key written into every slot": k.expand_as(before),
+        "only the first sequence of the batch written (buffer[0]): write every sequence, buffer[:, :, slot]":
+            torch.cat([_written(before, k, pos % W)[:1], before[1:]]),
+    }
+    for axis in (0, 1, 3):
+        s = before.shape[axis]
+        if s != W and pos % s != pos % W and pos % s < W and s not in before.shape[:axis]:
+            mistakes[f"the slot taken modulo buffer.shape[{axis}] = {s}: W, the number of slots, is "
+                     f"buffer.shape[2]"] = _written(before, k, pos % s)
+    if before.shape[3] > pos % W:
+        feature = before.clone()
+        feature[..., pos % W] = k[..., 0]                    # (B, H_kv, W) <- (B, H_kv, 1): every slot's feature
+        mistakes["the key written along the last axis (feature pos % W of every slot) instead of the slot axis: "
+                 "index buffer[:, :, slot] (or buffer[..., slot, :])"] = feature
+    return mistakes
 
 
 @checker("block-table lookup")
@@ -127,6 +156,8 @@ def check_block_table_lookup(fn: Callable[[torch.Tensor, torch.Tensor, int], tor
         table = torch.tensor(table)
         what = f"lookup(pool, block_table={table.tolist()}, seq_len={S}) with blocks of {bs} slots"
         got = run(fn, pool.clone(), table.clone(), S, what=what)
+        if isinstance(got, np.ndarray):
+            got = torch.as_tensor(got)
         if isinstance(got, torch.Tensor) and got.dim() == 4 and got.shape[0] == 1:
             got = got[0]                                      # a batch of one is fine
         blocks = pool[table]                                  # (n, bs, H_kv, Dh): the sequence's blocks in order
@@ -135,13 +166,42 @@ def check_block_table_lookup(fn: Callable[[torch.Tensor, torch.Tensor, int], tor
             "(seq_len, H_kv, Dh): the head axis must come before the positions": right.transpose(0, 1),
             "every slot of the last block, not only the first seq_len positions": blocks.flatten(0, 1).transpose(0, 1),
             "the blocks themselves (n, block_size, H_kv, Dh): flatten them into one sequence": blocks,
+            "seq_len // block_size blocks: the last, partly filled block is missing (it takes ceil(seq_len / "
+            "block_size) blocks)": right[:, :S // bs * bs],
         }
         got = _tensor_or_named(got, what, (H_kv, S, Dh),
                                {name: m for name, m in shapes.items() if m.shape != right.shape})
-        n = len(table)
-        expect_close(got, right, what, atol=0, mistakes={
-            "blocks 0, 1, 2, ... of the pool in order: the block table was not used": pool[:n].flatten(0, 1)[:S].transpose(0, 1),
-            "positions and heads mixed by a reshape: move the head axis with transpose/permute, not view":
-                blocks.reshape(H_kv, n * bs, Dh)[:, :S],
-        })
+        n, p = len(table), torch.arange(S)
+        flat = pool.flatten(0, 1)                             # (N·bs, H_kv, Dh): slot b·bs + s is slot s of block b
+        try:
+            expect_close(got, right, what, atol=0, mistakes={
+                "blocks 0, 1, 2, ... of the pool in order: the block table was not used":
+                    pool[:n].flatten(0, 1)[:S].transpose(0, 1),
+                "positions and heads mixed by a reshape: move the head axis with transpose/permute, not view":
+                    blocks.reshape(H_kv, n * bs, Dh)[:, :S],
+                "the block number used as a slot index (block_table[p // block_size] + p % block_size): a block "
+                "starts at slot block_number · block_size of the flattened pool":
+                    flat[table[p // bs] + p % bs].transpose(0, 1),
+            })
+        except CandidateError as exc:
+            unnamed = "none of the usual mistakes" in str(exc)
+            raise CandidateError(f"{exc}{_first_misread(got, pool, table, S) if unnamed else ''}") from None
     return "position p read from slot p % block_size of block block_table[p // block_size], for 3 block tables"
+
+
+def _first_misread(got: torch.Tensor, pool: torch.Tensor, table: torch.Tensor, S: int) -> str:
+    """'. Position p came from slot s of block b; it is in ...' for the first wrong position ('' if none is found)."""
+    bs, where = pool.shape[1], pool.flatten(0, 1).transpose(0, 1)       # (H_kv, N·bs, Dh)
+    for p in range(S):
+        want = int(table[p // bs]) * bs + p % bs
+        if torch.equal(got[:, p].to(pool.dtype), where[:, want]):
+            continue
+        hits = [i for i in range(where.shape[1]) if torch.equal(got[:, p].to(pool.dtype), where[:, i])]
+        entry = (table == hits[0] // bs).nonzero().flatten().tolist() if hits else []
+        came = (f"slot {hits[0] % bs} of block {hits[0] // bs}" + (f" = block_table[{entry[0]}]" if entry else "")
+                if hits else "no slot of the pool")
+        off = (": the block index is off by one" if entry and abs(entry[0] - p // bs) == 1 and hits[0] % bs == p % bs
+               else "")
+        return (f". Position {p} came from {came}; it is slot {p % bs} of block {want // bs} = "
+                f"block_table[{p // bs}] (p // block_size = {p // bs}, p % block_size = {p % bs}){off}")
+    return ""

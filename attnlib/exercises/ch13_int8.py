@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import numpy as np
 import torch
 
 from attnlib.exercises._core import CandidateError, as_tensor, checker, matching, run
@@ -40,6 +41,10 @@ def _mistakes(x: torch.Tensor) -> dict[str, torch.Tensor]:
     return {
         "truncation instead of rounding: .to(torch.int8) cuts toward zero, so a number can move by a whole step; "
         "torch.round first": _round_trip(x, amax / 127, torch.trunc),
+        "floor instead of rounding: torch.floor moves a number by up to a whole step; torch.round":
+            _round_trip(x, amax / 127, torch.floor),
+        "x multiplied by the scale instead of divided (q = round(x · scale)): q = round(x / scale)":
+            _round_trip(x * (amax / 127) ** 2, amax / 127),
         "scale = max|x| / 128: the largest entry becomes 128, beyond int8's 127, and wraps to -128":
             _round_trip(x, amax / 128, clamp=False, wrap=True),
         "scale = max|x| / 128: the largest entry becomes 128 and is clipped to 127": _round_trip(x, amax / 128),
@@ -57,6 +62,44 @@ def _mistakes(x: torch.Tensor) -> dict[str, torch.Tensor]:
     }
 
 
+def _own_mistakes(q: torch.Tensor, rest: list) -> dict[str, torch.Tensor]:
+    """What the reader's own (q, scale[, zero point]) give under the usual slips of dequantize."""
+    q, rest = q.double(), [t.double() for t in rest if isinstance(t, torch.Tensor)]
+    try:
+        if not rest or torch.broadcast_shapes(q.shape, *(t.shape for t in rest)) != q.shape:
+            return {}
+    except RuntimeError:  # scales of a shape that does not broadcast against q: the reader reshapes them
+        return {}
+    scale, found = rest[0], {}
+    if len(rest) == 1:
+        found["dequantize divides by the scale: x̂ = q · scale"] = q / torch.where(scale != 0, scale, 1.0)
+    if len(rest) == 2:
+        zero = rest[1]
+        found["dequantize ignores the zero point (or offset): subtract it, x̂ = (q - zero) · scale, or add the "
+              "offset back"] = q * scale
+        found["dequantize adds the zero point: x̂ = (q - zero) · scale"] = (q + zero) * scale
+    return found
+
+
+def _wrapped(q: torch.Tensor, x: torch.Tensor, x_hat: torch.Tensor, amax: torch.Tensor) -> str:
+    """A message if the numbers that came back worst sit at the far end of q's range: a cast wrapped them."""
+    bad = (x_hat.double() - x.double()).abs() > 0.5 * amax
+    if not bad.any():
+        return ""
+    if q.dtype == torch.uint8 and bool((q[bad].int() > 127).all()) and bool((x[bad] < 0).all()):
+        return (": negative values stored as uint8 wrap around (-1 becomes 255): store signed values as "
+                "torch.int8, or shift them by a zero point into 0 .. 255")
+    lo, hi = torch.iinfo(q.dtype).min, torch.iinfo(q.dtype).max
+    if bool(((q[bad].int() - lo <= 2) | (hi - q[bad].int() <= 2)).all()):
+        return (f": some numbers come back at the other end of the range: a value beyond {q.dtype}'s {lo} .. {hi} "
+                f"wraps around when cast (127 + 1 becomes -128, 255 + 1 becomes 0); clamp before casting")
+    return ""
+
+
+def _tensor(t: object) -> object:
+    return torch.from_numpy(t) if isinstance(t, np.ndarray) else t
+
+
 @checker("int8 quantization")
 def check_int8_quantization(quantize: Callable[[torch.Tensor], tuple], dequantize: Callable[..., torch.Tensor]) -> str:
     """quantize(x) with x (..., Dh) returns (q, scale, ...): q int8 (or uint8) of x's shape and one scale per
@@ -67,27 +110,32 @@ def check_int8_quantization(quantize: Callable[[torch.Tensor], tuple], dequantiz
     if isinstance(out, torch.Tensor) or not isinstance(out, (tuple, list)) or len(out) < 2:
         raise CandidateError(f"{what} returned {type(out).__name__}: return the int8 values and their scales, "
                              f"(q, scale), without which nothing can be dequantized")
-    q = as_tensor(out[0], f"{what}: q", shape=x.shape)
+    q = as_tensor(_tensor(out[0]), f"{what}: q", shape=x.shape)
     if q.dtype not in (torch.int8, torch.uint8):
         whole = not q.is_floating_point() or bool((q == q.round()).all())
         raise CandidateError(f"{what}: q is {q.dtype}, {q.element_size()} bytes per number, so the cache is no "
                              f"smaller: store it as int8 (q.to(torch.int8))" + ("; its values are whole numbers "
                                                                                 "already" if whole else ""))
-    x_hat = as_tensor(run(dequantize, *out, what="dequantize(*quantize(x))"), "dequantize(*quantize(x))", shape=x.shape)
+    x_hat = as_tensor(_tensor(run(dequantize, *out, what="dequantize(*quantize(x))")), "dequantize(*quantize(x))",
+                      shape=x.shape)
     if not x_hat.is_floating_point():
         raise CandidateError(f"dequantize(*quantize(x)) returned {x_hat.dtype}: multiply q by its scale in floating point")
-    if torch.isnan(x_hat).any():
-        raise CandidateError("dequantize(*quantize(x)) contains NaN where x is an all-zero vector (a padded "
-                             "token, say): its scale is 0 and 0 / 0 = NaN; guard the division")
     amax = x.double().abs().amax(dim=-1, keepdim=True)
+    if torch.isnan(x_hat).any():
+        zero_only = bool((amax.expand_as(x)[torch.isnan(x_hat)] == 0).all())
+        raise CandidateError("dequantize(*quantize(x)) contains NaN" + (
+            " where x is an all-zero vector (a padded token, say): its scale is 0 and 0 / 0 = NaN; guard the "
+            "division" if zero_only else ""))
     worst = float(((x_hat.double() - x.double()).abs() / amax.clamp_min(1e-30)).max())
-    extra, vectors = sum(t.numel() for t in out[1:] if isinstance(t, torch.Tensor)), x.numel() // x.shape[-1]
+    rest = [_tensor(t) for t in out[1:]]
+    extra, vectors = sum(t.numel() for t in rest if isinstance(t, torch.Tensor)), x.numel() // x.shape[-1]
     if worst <= _BOUND and extra <= 2 * vectors:
         return ("one byte per number and one scale per vector, and every number of the round trip within half a "
                 "step (max|x| / 254) of the original")
     if worst <= _BOUND:
         raise CandidateError(f"{what} returns {extra} scale numbers for {vectors} vectors: keep one scale per "
                              f"vector (per token and head), or the scales take more room than the int8 values save")
-    found = matching(x_hat, _mistakes(x), atol=1e-5)
+    found = matching(x_hat, {**_mistakes(x), **_own_mistakes(q, rest)}, atol=1e-5)
     raise CandidateError(f"dequantize(*quantize(x)) is off by up to {worst:.3g} · max|x| of a vector, more than "
-                         f"rounding's half step (1/254)" + (f": it matches {' and '.join(found)}" if found else ""))
+                         f"rounding's half step (1/254)" + (f": it matches {' and '.join(found)}" if found else
+                                                            _wrapped(q, x, x_hat, amax)))
