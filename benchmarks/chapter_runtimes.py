@@ -1,15 +1,19 @@
 """How long each chapter takes to run, for the course map on the landing page.
 
-    python -m benchmarks.chapter_runtimes
+    python -m benchmarks.chapter_runtimes            # every chapter
+    python -m benchmarks.chapter_runtimes 10 11      # only the chapters whose names start so
 
-Executes every notebook in chapters/ in a fresh kernel (as a reader's "Run all" would) and prints
-a Markdown table of wall-clock seconds. Unlike the other benchmarks this is a bare time, on purpose:
-it tells a reader how long to wait, not how attnlib compares with a reference.
+Executes the notebooks in chapters/ in a fresh kernel (as a reader's "Run all" would) and prints
+a Markdown table of wall-clock seconds, with the date and the machine's 1-minute load average before
+each chapter (other work on the machine stretches the times). Unlike the other benchmarks this is a
+bare time, on purpose: it tells a reader how long to wait, not how attnlib compares with a reference.
 """
 
 from __future__ import annotations
 
+import datetime
 import os
+import sys
 import time
 from pathlib import Path
 
@@ -30,9 +34,13 @@ def run(path: Path) -> float:
 def main() -> None:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-    print(f"{os.cpu_count()} CPU cores\n\n| chapter | seconds |\n| --- | ---: |")
-    for path in sorted(CHAPTERS.glob("[0-9][0-9]_*.ipynb")):
-        print(f"| {path.stem} | {run(path):.0f} |", flush=True)
+    prefixes = tuple(sys.argv[1:]) or ("",)
+    paths = [p for p in sorted(CHAPTERS.glob("[0-9][0-9]_*.ipynb")) if p.stem.startswith(prefixes)]
+    print(f"{os.cpu_count()} CPU cores, {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC\n\n"
+          "| chapter | seconds | load before |\n| --- | ---: | ---: |")
+    for path in paths:
+        load = os.getloadavg()[0]
+        print(f"| {path.stem} | {run(path):.0f} | {load:.1f} |", flush=True)
 
 
 if __name__ == "__main__":
