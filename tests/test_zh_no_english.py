@@ -51,6 +51,7 @@ NAMES = _cited_authors() | {
     "Mistral", "Python", "Swish", "Toeplitz", "Transformer", "Transformers", "Triton", "Xavier",
     "Annotated", "Megatron", "fairseq",  # codebases whose style an interview answer borrows (chapter 10)
     "Pythia",  # a model family (chapter 12: where Xiao et al. found attention sinks)
+    "Gemma",  # a model family (chapter 13: Gemma 2 alternates windowed and global layers)
     "True", "False", "None",  # Python's constants, written as in code
     "Dh", "Dv",  # the book's dimension letters for the head width (DESIGN: B, H, H_kv, T, S, D, Dh)
     "attention-book",  # the book's author line
