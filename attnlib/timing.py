@@ -9,14 +9,15 @@ count_flops gets it from PyTorch (chapters 4 and 10).
 
 from __future__ import annotations
 
+import contextlib
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-__all__ = ["best_time", "time_ratio", "count_flops"]
+__all__ = ["best_time", "time_ratio", "count_flops", "one_thread"]
 
 
 def best_time(fn: Callable[[], object], repeats: int = 3) -> float:
@@ -59,3 +60,16 @@ def count_flops(fn: Callable[[], object]) -> int:
     with torch.no_grad(), FlopCounterMode(display=False) as counter:
         fn()
     return counter.get_total_flops()
+
+
+@contextlib.contextmanager
+def one_thread() -> Iterator[None]:
+    """Run the block on one thread, then put the thread count back: small tensors gain nothing from a
+    second thread, and on a busy machine a thread pool's synchronisation made each small op 10-40 times
+    slower (measured here; the exercise checkers and chapter 13's small models use it)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)

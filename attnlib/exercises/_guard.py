@@ -16,6 +16,8 @@ from collections.abc import Iterator
 
 import torch
 
+from attnlib.timing import one_thread  # noqa: F401 - re-exported: the checkers run small tensors on one thread
+
 __all__ = ["TimeLimit", "time_limit", "seconds", "limited_to", "changed_state", "one_thread"]
 
 _SECONDS = [10.0]  # the limit for one call of reader code; limited_to() changes it for a while
@@ -169,14 +171,3 @@ def _describe(what: str, before: tuple, after: tuple, seeded: list) -> list[str]
                      f"session would repeat. Seed once, outside the module")
     return found
 
-
-@contextlib.contextmanager
-def one_thread() -> Iterator[None]:
-    """Run the block on one thread: a checker's tensors are tiny, and on a busy machine a thread pool's
-    synchronisation made each small op 10-40 times slower (measured here). The setting is put back."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(threads)
