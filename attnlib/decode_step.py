@@ -8,13 +8,15 @@ redoes at every call: it checks the cache against the model, collects each layer
 sizes the cache and the rotary table for every step to come. A step then runs the operations of
 LlamaBlock and MultiHeadAttention, in the same order, on plain tensors.
 
-A step is memory-bound: each matrix is read once for a few rows (chapter 12). A large float32 matrix
-(PACK_MIN elements or more) is therefore multiplied by oneDNN's kernel for a weight prepacked in its
-own layout, which reads it with every thread (about 1.5x the bytes per second of torch.mm's
-matrix-vector product here, at 2 threads) but costs ~10 us more per call; the packed copy is made at
-the first step and kept while the weight is unchanged. Smaller matrices go through torch.mm exactly
-as F.linear does, so the logits of a small model are bit-identical to LlamaDecoder.forward's, and
-those of a large one equal them to float32 rounding (tests/test_decode_step.py).
+A step is memory-bound: each matrix is read once for a few rows (chapter 12). A float32 matrix of
+PACK_MIN elements or more is therefore multiplied by oneDNN's kernel for a weight prepacked in its
+own blocked layout, which reads it with both threads at close to a plain sum's bytes per second
+(about 2x torch.mm's matrix-vector product here) but costs ~10 us per call, so it pays from ~2^17
+elements on. The copy is packed without a batch size: packed for one row, oneDNN picks a layout that
+reads a 576 x 576 or 576 x 1536 matrix at about half the speed. It is made at the first step and kept
+while the weight is unchanged. Smaller matrices go through torch.mm exactly as F.linear does, so the
+logits of a model with no matrix that large are bit-identical to LlamaDecoder.forward's, and those of
+a larger one equal them to float32 rounding (tests/test_decode_step.py).
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ from attnlib.caches import KVCache, check_cache
 
 __all__ = ["DecodeStep", "PACK_MIN"]
 
-PACK_MIN = 2**19  # elements (2 MiB of float32): from here, packing paid off in a step of SmolLM2
+PACK_MIN = 2**17  # elements (512 KiB of float32): from here the packed kernel beat torch.mm, 2 threads
 _PACKED = WeakTensorKeyDictionary()  # weight -> (its version when packed, the packed copy)
 
 
@@ -114,7 +116,7 @@ def _packed(weight: torch.Tensor) -> torch.Tensor | None:
     version, packed = _PACKED.get(weight, (None, None))
     if version != weight._version:
         try:
-            packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach().contiguous(), 1)
+            packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach().contiguous())
         except (RuntimeError, AttributeError):  # an operator this build of PyTorch does not have
             return None
         _PACKED[weight] = (weight._version, packed)

@@ -5,10 +5,18 @@ import pytest
 import torch
 
 from attnlib import KVCache, LlamaDecoder
+import attnlib.decode_step
 from attnlib.decode_step import _PACKED, PACK_MIN, DecodeStep
 from test_decoder import _left_pad, ids, tiny_llama
 
 STEPS = 6
+
+
+@pytest.fixture
+def unpacked(monkeypatch):
+    """No matrix packed: the step's own arithmetic (RoPE, cache writes, GQA) against forward's, bit for bit.
+    The tiny Llama's gate_up and lm_head are over PACK_MIN; the packed kernel has its own tests below."""
+    monkeypatch.setattr(attnlib.decode_step, "PACK_MIN", 2**62)
 
 
 def _both(dec: LlamaDecoder, prompt: torch.Tensor, real: torch.Tensor | None):
@@ -36,7 +44,7 @@ def _both(dec: LlamaDecoder, prompt: torch.Tensor, real: torch.Tensor | None):
     (8, 2, {"attention_bias": True}, torch.float64),
     (8, 2, {}, torch.bfloat16),
 ])
-def test_each_step_is_bit_identical_to_forward(heads, kv_heads, extra, dtype):
+def test_each_step_is_bit_identical_to_forward(heads, kv_heads, extra, dtype, unpacked):
     dec = LlamaDecoder.from_hf(tiny_llama(heads, kv_heads, layers=2, **extra)).to(dtype)
     with torch.inference_mode():
         ours, theirs, ours_cache, theirs_cache = _both(dec, ids(2, 7), None)
@@ -49,7 +57,7 @@ def test_each_step_is_bit_identical_to_forward(heads, kv_heads, extra, dtype):
             assert torch.equal(mine[layer][:, :, :n], other[layer][:, :, :n]), f"layer {layer}: cache differs"
 
 
-def test_a_left_padded_batch_steps_as_forward_does():
+def test_a_left_padded_batch_steps_as_forward_does(unpacked):
     dec = LlamaDecoder.from_hf(tiny_llama(8, 2, layers=2))
     batch, real = _left_pad([ids(1, 9, seed=2)[0], ids(1, 4, seed=3)[0], ids(1, 6, seed=4)[0]])
     with torch.inference_mode():
@@ -80,9 +88,10 @@ def test_a_cache_of_another_model_is_refused():
 
 
 def _wide_decoder() -> LlamaDecoder:
-    """Two layers wide enough (gate_up 2048 x 512, lm_head 2048 x 512) for DecodeStep's prepacked products."""
+    """Two layers whose gate_up (2048 x 256) and lm_head (2048 x 256) are wide enough for DecodeStep's prepacked
+    products and whose qkv (384 x 256) is not."""
     torch.manual_seed(0)
-    return LlamaDecoder(vocab_size=2048, d_model=512, num_layers=2, num_heads=8, num_kv_heads=2, d_ff=1024).eval()
+    return LlamaDecoder(vocab_size=2048, d_model=256, num_layers=2, num_heads=4, num_kv_heads=1, d_ff=1024).eval()
 
 
 def test_large_matrices_use_the_prepacked_kernel_and_equal_forward_to_rounding():
