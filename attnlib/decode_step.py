@@ -8,16 +8,17 @@ redoes at every call: it checks the cache against the model, collects each layer
 sizes the cache and the rotary table for every step to come. A step then runs the operations of
 LlamaBlock and MultiHeadAttention, in the same order, on plain tensors.
 
-A step is memory-bound: each matrix is read once for a few rows (chapter 12). A float32 matrix of
-PACK_MIN elements or more is therefore multiplied by oneDNN's kernel for a weight prepacked in its
-own blocked layout, which reads it with both threads at close to a plain sum's bytes per second
-(about 2x torch.mm's matrix-vector product here) but costs ~10 us per call, so it pays from ~2^17
-elements on. The copy is packed without a batch size: packed for one row, oneDNN picks a layout that
-read SmolLM2's 576 x 576 and 576 x 1536 matrices 1.3-1.8x slower here (chapter 12 times both). It is
-made at the first step and kept while the weight is unchanged. Smaller matrices go through torch.mm
-exactly as F.linear does, so the logits of a model with no matrix that large are bit-identical to
-LlamaDecoder.forward's, and those of a larger one equal them to float32 rounding
-(tests/test_decode_step.py).
+A step is memory-bound: each matrix is read once for a few rows (chapter 12). When the model's
+weights are too large to stay in the CPU's caches (PACK_MODEL_MIN elements or more), each float32
+matrix of PACK_MIN elements or more is therefore multiplied by oneDNN's kernel for a weight
+prepacked in its own blocked layout, which reads it with every thread at close to a plain sum's
+bytes per second (about 2x torch.mm's matrix-vector product here) but costs ~10 us per call, so it
+pays from ~2^17 elements on. The copy is packed without a batch size: told one row, oneDNN keeps the
+plain (out, in) layout and its AVX2 kernel, which read SmolLM2's output layer and 576 x 1536
+matrices 1.1-1.8x slower in chapter 12's runs. It is made when a DecodeStep is built and reused
+while the weight is unchanged. Other matrices go through torch.mm exactly as F.linear does, so the
+logits of a model with nothing packed are bit-identical to LlamaDecoder.forward's, and those of a
+larger one equal them to float32 rounding (tests/test_decode_step.py).
 """
 
 from __future__ import annotations
@@ -31,9 +32,11 @@ from torch.utils.weak import WeakTensorKeyDictionary
 from attnlib.decoder import LlamaDecoder, rms_norm
 from attnlib.caches import KVCache, check_cache
 
-__all__ = ["DecodeStep", "PACK_MIN"]
+__all__ = ["DecodeStep", "PACK_MIN", "PACK_MODEL_MIN"]
 
-PACK_MIN = 2**17  # elements (512 KiB of float32): from here the packed kernel beat torch.mm, 2 threads
+PACK_MIN = 2**17        # elements of a matrix (512 KiB of float32): from here packed beat torch.mm from memory
+PACK_MODEL_MIN = 2**24  # elements of all the weights (64 MiB of float32): a smaller model stays in the CPU's
+                        # caches, where torch.mm reads a matrix faster than the packed kernel (bench_decode)
 _PACKED = WeakTensorKeyDictionary()  # weight -> (its version when packed, the packed copy)
 
 
@@ -55,10 +58,11 @@ class DecodeStep:
         for i in range(len(cache)):  # room for every step: no buffer grows, the steps write in place
             if cache._k[i].shape[2] < total:
                 cache._grow(i, total)
-        self.layers = [(b.attn_norm.weight, _product(b.attn.qkv), _product(b.attn.out), b.mlp_norm.weight,
-                        _product(b.mlp.gate_up), _product(b.mlp.down), cache._k[i], cache._v[i])
-                       for i, b in enumerate(decoder.blocks)]
-        self.lm_head = _product(decoder.lm_head)
+        pack = sum(p.numel() for p in decoder.parameters()) >= PACK_MODEL_MIN  # weights read from memory
+        self.layers = [(b.attn_norm.weight, _product(b.attn.qkv, pack), _product(b.attn.out, pack),
+                        b.mlp_norm.weight, _product(b.mlp.gate_up, pack), _product(b.mlp.down, pack),
+                        cache._k[i], cache._v[i]) for i, b in enumerate(decoder.blocks)]
+        self.lm_head = _product(decoder.lm_head, pack)
         # position of each step's token: its slot, or (left padding) the number of real tokens before it
         positions = torch.arange(total) if real is None else (real.long().cumsum(dim=-1) - 1).clamp(min=0)
         cos, sin = decoder.rotary.cos_sin(positions.to(self.embed.device))  # (total, Dh) or (B, total, Dh)
@@ -97,11 +101,11 @@ class DecodeStep:
         return self.lm_head(rms_norm(x, self.norm, eps)).view(B, 1, -1)  # (B, 1, vocab)
 
 
-def _product(linear: torch.nn.Linear) -> Callable[[torch.Tensor], torch.Tensor]:
+def _product(linear: torch.nn.Linear, pack: bool) -> Callable[[torch.Tensor], torch.Tensor]:
     """x (B, in) -> x W^T + b (B, out) for the layer's weight W (out, in): oneDNN's prepacked kernel for a
-    large float32 matrix, else what F.linear runs on a (B, in) input, addmm(b, x, W.t())."""
+    large float32 matrix if `pack`, else what F.linear runs on a (B, in) input, addmm(b, x, W.t())."""
     weight, bias = linear.weight, linear.bias
-    packed = _packed(weight)
+    packed = _packed(weight) if pack else None
     if packed is not None:
         return lambda x: torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
     weight_t = weight.t()

@@ -6,17 +6,10 @@ import torch
 
 from attnlib import KVCache, LlamaDecoder
 import attnlib.decode_step
-from attnlib.decode_step import _PACKED, PACK_MIN, DecodeStep
+from attnlib.decode_step import _PACKED, PACK_MIN, PACK_MODEL_MIN, DecodeStep
 from test_decoder import _left_pad, ids, tiny_llama
 
 STEPS = 6
-
-
-@pytest.fixture
-def unpacked(monkeypatch):
-    """No matrix packed: the step's own arithmetic (RoPE, cache writes, GQA) against forward's, bit for bit.
-    The tiny Llama's gate_up and lm_head are over PACK_MIN; the packed kernel has its own tests below."""
-    monkeypatch.setattr(attnlib.decode_step, "PACK_MIN", 2**62)
 
 
 def _both(dec: LlamaDecoder, prompt: torch.Tensor, real: torch.Tensor | None):
@@ -44,7 +37,7 @@ def _both(dec: LlamaDecoder, prompt: torch.Tensor, real: torch.Tensor | None):
     (8, 2, {"attention_bias": True}, torch.float64),
     (8, 2, {}, torch.bfloat16),
 ])
-def test_each_step_is_bit_identical_to_forward(heads, kv_heads, extra, dtype, unpacked):
+def test_each_step_is_bit_identical_to_forward(heads, kv_heads, extra, dtype):
     dec = LlamaDecoder.from_hf(tiny_llama(heads, kv_heads, layers=2, **extra)).to(dtype)
     with torch.inference_mode():
         ours, theirs, ours_cache, theirs_cache = _both(dec, ids(2, 7), None)
@@ -57,7 +50,7 @@ def test_each_step_is_bit_identical_to_forward(heads, kv_heads, extra, dtype, un
             assert torch.equal(mine[layer][:, :, :n], other[layer][:, :, :n]), f"layer {layer}: cache differs"
 
 
-def test_a_left_padded_batch_steps_as_forward_does(unpacked):
+def test_a_left_padded_batch_steps_as_forward_does():
     dec = LlamaDecoder.from_hf(tiny_llama(8, 2, layers=2))
     batch, real = _left_pad([ids(1, 9, seed=2)[0], ids(1, 4, seed=3)[0], ids(1, 6, seed=4)[0]])
     with torch.inference_mode():
@@ -87,15 +80,25 @@ def test_a_cache_of_another_model_is_refused():
 
 
 
-def _wide_decoder() -> LlamaDecoder:
+def _wide_decoder(monkeypatch) -> LlamaDecoder:
     """Two layers whose gate_up (2048 x 256) and lm_head (2048 x 256) are wide enough for DecodeStep's prepacked
-    products and whose qkv (384 x 256) is not."""
+    products and whose qkv (384 x 256) is not; packed as if the model were too large for the caches."""
+    monkeypatch.setattr(attnlib.decode_step, "PACK_MODEL_MIN", 0)
     torch.manual_seed(0)
     return LlamaDecoder(vocab_size=2048, d_model=256, num_layers=2, num_heads=4, num_kv_heads=1, d_ff=1024).eval()
 
 
-def test_large_matrices_use_the_prepacked_kernel_and_equal_forward_to_rounding():
-    dec = _wide_decoder()
+def test_a_model_that_fits_in_the_caches_is_not_packed():
+    dec = LlamaDecoder.from_hf(tiny_llama(8, 2, layers=2))        # gate_up 1376 x 256: over PACK_MIN
+    assert dec.blocks[0].mlp.gate_up.weight.numel() >= PACK_MIN
+    assert sum(p.numel() for p in dec.parameters()) < PACK_MODEL_MIN
+    with torch.inference_mode():
+        _both(dec, ids(1, 5), None)
+    assert dec.blocks[0].mlp.gate_up.weight not in _PACKED
+
+
+def test_large_matrices_use_the_prepacked_kernel_and_equal_forward_to_rounding(monkeypatch):
+    dec = _wide_decoder(monkeypatch)
     assert dec.blocks[0].mlp.gate_up.weight.numel() >= PACK_MIN > dec.blocks[0].attn.qkv.weight.numel()
     with torch.inference_mode():
         ours, theirs, _, _ = _both(dec, ids(2, 7), None)
@@ -107,7 +110,7 @@ def test_large_matrices_use_the_prepacked_kernel_and_equal_forward_to_rounding()
 
 
 def test_a_changed_weight_is_packed_again(monkeypatch):
-    dec = _wide_decoder()
+    dec = _wide_decoder(monkeypatch)
     with torch.inference_mode():
         before, _, _, _ = _both(dec, ids(1, 5), None)
         dec.lm_head.weight.mul_(2.0)                              # in place: a new version of the weight

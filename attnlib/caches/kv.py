@@ -127,7 +127,7 @@ class KVCache:
             if self.sliding_window is not None and self._kept(layer_idx) < start:
                 start = self._roll(layer_idx)
             if start + new > self._k[layer_idx].shape[2]:
-                self._grow(layer_idx, max(2 * (start + new), 16))
+                self._grow(layer_idx, self._capacity(start + new))
         k_buf, v_buf = self._k[layer_idx], self._v[layer_idx]
         k_buf.narrow(2, start, new).copy_(k)            # buffer[:, :, start:start + new] = k
         v_buf.narrow(2, start, new).copy_(v)
@@ -135,11 +135,19 @@ class KVCache:
         self._len[layer_idx] = end = start + new
         return k_buf.narrow(2, first, end - first), v_buf.narrow(2, first, end - first)  # views of the filled part
 
+    def _capacity(self, needed: int) -> int:
+        """Positions to grow a buffer to: twice what it must hold; and once that is more than a window
+        keeps, at least 2 (W - 1), so that each roll frees at least as many slots as it moves."""
+        capacity = max(2 * needed, 16)
+        W = self.sliding_window
+        return capacity if W is None or capacity <= W - 1 else max(capacity, 2 * (W - 1))
+
     def _roll(self, layer_idx: int) -> int:
         """Move the positions a rolling buffer keeps to the front of its full buffer; return their number.
 
-        The older ones are out of every later query's window. Done only when the buffer is full, so
-        each position is moved about once: appending a token stays a copy of that token, on average.
+        The older ones are out of every later query's window. Done only when the buffer, at least
+        2 (W - 1) positions long (_capacity), is full: each roll frees at least as many slots as it
+        moves, so appending a token costs at most about one more copy of a token, on average.
         """
         start, keep = self._len[layer_idx], self._kept(layer_idx)
         for buf in (self._k[layer_idx], self._v[layer_idx]):
