@@ -8,17 +8,17 @@ redoes at every call: it checks the cache against the model, collects each layer
 sizes the cache and the rotary table for every step to come. A step then runs the operations of
 LlamaBlock and MultiHeadAttention, in the same order, on plain tensors.
 
-A step is memory-bound: each matrix is read once for a few rows (chapter 12). When the model's
-weights are too large to stay in the CPU's caches (PACK_MODEL_MIN elements or more), each float32
-matrix of PACK_MIN elements or more is therefore multiplied by oneDNN's kernel for a weight
-prepacked in its own blocked layout, which reads it with every thread at close to a plain sum's
-bytes per second (about 2x torch.mm's matrix-vector product here) but costs ~10 us per call, so it
-pays from ~2^17 elements on. The copy is packed without a batch size: told one row, oneDNN keeps the
-plain (out, in) layout and its AVX2 kernel, which read SmolLM2's output layer and 576 x 1536
-matrices 1.1-1.8x slower in chapter 12's runs. It is made when a DecodeStep is built and reused
-while the weight is unchanged. Other matrices go through torch.mm exactly as F.linear does, so the
-logits of a model with nothing packed are bit-identical to LlamaDecoder.forward's, and those of a
-larger one equal them to float32 rounding (tests/test_decode_step.py).
+A step is memory-bound: each matrix is read once for a few rows (chapter 12). In a model of
+PACK_MODEL_MIN parameters or more, each float32 matrix of PACK_MIN elements or more is therefore
+multiplied by oneDNN's kernel for a weight prepacked in its own blocked layout, which reads it with
+every thread at close to a plain sum's bytes per second (about 2x torch.mm's matrix-vector product
+here) but costs ~10 us per call, so it pays from ~2^17 elements on. The copy is packed without a
+batch size: told one row, oneDNN keeps the plain (out, in) layout and its AVX2 kernel, which read
+SmolLM2's output layer and 576 x 1536 matrices more slowly (chapter 12 times both). It is made when
+a DecodeStep is built and reused while the weight is unchanged. Other matrices go through torch.mm
+exactly as F.linear does, so the logits of a model with nothing packed are bit-identical to
+LlamaDecoder.forward's, and those of a larger one equal them to float32 rounding
+(tests/test_decode_step.py).
 """
 
 from __future__ import annotations
@@ -35,8 +35,8 @@ from attnlib.caches import KVCache, check_cache
 __all__ = ["DecodeStep", "PACK_MIN", "PACK_MODEL_MIN"]
 
 PACK_MIN = 2**17        # elements of a matrix (512 KiB of float32): from here packed beat torch.mm from memory
-PACK_MODEL_MIN = 2**24  # elements of all the weights (64 MiB of float32): a smaller model stays in the CPU's
-                        # caches, where torch.mm reads a matrix faster than the packed kernel (bench_decode)
+PACK_MODEL_MIN = 2**22  # parameters of the model: packing made a step 1.2x slower at 3.3M (bench_decode's model,
+                        # whose small matrices are read from cache), no faster at 4.7M, 1.5x faster at 6.9M
 _PACKED = WeakTensorKeyDictionary()  # weight -> (its version when packed, the packed copy)
 
 
@@ -58,7 +58,7 @@ class DecodeStep:
         for i in range(len(cache)):  # room for every step: no buffer grows, the steps write in place
             if cache._k[i].shape[2] < total:
                 cache._grow(i, total)
-        pack = sum(p.numel() for p in decoder.parameters()) >= PACK_MODEL_MIN  # weights read from memory
+        pack = sum(p.numel() for p in decoder.parameters()) >= PACK_MODEL_MIN
         self.layers = [(b.attn_norm.weight, _product(b.attn.qkv, pack), _product(b.attn.out, pack),
                         b.mlp_norm.weight, _product(b.mlp.gate_up, pack), _product(b.mlp.down, pack),
                         cache._k[i], cache._v[i]) for i, b in enumerate(decoder.blocks)]

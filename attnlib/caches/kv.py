@@ -146,8 +146,9 @@ class KVCache:
         """Move the positions a rolling buffer keeps to the front of its full buffer; return their number.
 
         The older ones are out of every later query's window. Done only when the buffer, at least
-        2 (W - 1) positions long (_capacity), is full: each roll frees at least as many slots as it
-        moves, so appending a token costs at most about one more copy of a token, on average.
+        2 (W - 1) positions long (_capacity), is full: for tokens appended one at a time, each roll
+        frees at least as many slots as it moves, so a token costs at most about one more move on
+        average (a chunk of c tokens can roll a buffer that still has up to c - 1 free slots).
         """
         start, keep = self._len[layer_idx], self._kept(layer_idx)
         for buf in (self._k[layer_idx], self._v[layer_idx]):
