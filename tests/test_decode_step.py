@@ -88,7 +88,7 @@ def _wide_decoder(monkeypatch) -> LlamaDecoder:
     return LlamaDecoder(vocab_size=2048, d_model=256, num_layers=2, num_heads=4, num_kv_heads=1, d_ff=1024).eval()
 
 
-def test_a_model_that_fits_in_the_caches_is_not_packed():
+def test_a_model_under_pack_model_min_is_not_packed():
     dec = LlamaDecoder.from_hf(tiny_llama(8, 2, layers=2))        # gate_up 1376 x 256: over PACK_MIN
     assert dec.blocks[0].mlp.gate_up.weight.numel() >= PACK_MIN
     assert sum(p.numel() for p in dec.parameters()) < PACK_MODEL_MIN
