@@ -82,7 +82,7 @@ def test_a_cache_of_another_model_is_refused():
 
 def _wide_decoder(monkeypatch) -> LlamaDecoder:
     """Two layers whose gate_up (2048 x 256) and lm_head (2048 x 256) are wide enough for DecodeStep's prepacked
-    products and whose qkv (384 x 256) is not; packed as if the model were too large for the caches."""
+    products and whose qkv (384 x 256) is not; packed as a model of PACK_MODEL_MIN parameters would be."""
     monkeypatch.setattr(attnlib.decode_step, "PACK_MODEL_MIN", 0)
     torch.manual_seed(0)
     return LlamaDecoder(vocab_size=2048, d_model=256, num_layers=2, num_heads=4, num_kv_heads=1, d_ff=1024).eval()
