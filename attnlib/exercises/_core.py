@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 import torch
 
+from attnlib.exercises._binding import fit_call
 from attnlib.exercises._guard import TimeLimit, changed_state, seconds, time_limit
 
 __all__ = ["CheckResult", "CandidateError", "checker", "run", "as_tensor", "full_precision", "expect_close",
@@ -117,6 +118,7 @@ def run(candidate: Callable, *args, what: str = "your function", **kwargs):
     """
     if not callable(candidate):
         raise CandidateError(f"expected a function or class, got {type(candidate).__name__}")
+    args, kwargs = fit_call(candidate, args, kwargs)  # def f(x, w, b, *, num_heads): the last by keyword
     values = (*args, *kwargs.values())
     copies = [v.detach().clone() if isinstance(v, torch.Tensor) else copy.deepcopy(v) if isinstance(v, list)
               else None for v in values]
