@@ -195,3 +195,48 @@ def test_fused_qkv_stub_and_crash():
     def einsum_untransposed(x, weight, bias, num_heads):
         return torch.einsum("btd,de->bte", x, weight)                     # the same mistake in einsum
     assert_names(check_fused_qkv(einsum_untransposed), "raised RuntimeError", "without the transpose")
+
+
+# --- answers in other styles, and the bugs they bring (adversarial review, adv49) ----------------
+
+def nanogpt_c_attn(x, weight, bias, *, n_head):                           # keyword-only head count
+    B, T, C = x.size()
+    q, k, v = torch.nn.functional.linear(x, weight, bias).split(C, dim=2)
+    return tuple(t.view(B, T, n_head, C // n_head).transpose(1, 2) for t in (q, k, v))
+
+
+class FusedModule(torch.nn.Module):                                        # a module whose forward is the answer
+    def forward(self, x, in_proj_weight, in_proj_bias, num_heads):
+        q, k, v = torch.nn.functional._in_projection_packed(x, x, x, in_proj_weight, in_proj_bias)  # torch's own
+        return [t.unflatten(-1, (num_heads, -1)).transpose(1, 2) for t in (q, k, v)]
+
+
+@pytest.mark.parametrize("fused", [nanogpt_c_attn, FusedModule()])
+def test_fused_qkv_accepts_other_styles(fused):
+    result = check_fused_qkv(fused)
+    assert result.passed, result
+    assert "matrix products" not in result.message
+
+
+def test_split_heads_names_transpose_then_reshape():
+    assert_names(check_split_heads(lambda x, h: x.transpose(1, 2).reshape(x.shape[0], h, x.shape[1], -1)),
+                 "transpose(1, 2) first, then a reshape")
+
+
+def _split(y, h):                                                         # (B, T, D) -> (B, H, T, Dh), right
+    return y.view(*y.shape[:2], h, -1).transpose(1, 2)
+
+
+@pytest.mark.parametrize("buggy, phrases", [
+    (lambda x, w, b, h: tuple(t.transpose(1, 2).reshape(x.shape[0], h, x.shape[1], -1)
+                              for t in (x @ w.T + b).split(x.shape[-1], -1)), ["split with transpose(1, 2) then reshape"]),
+    (lambda x, w, b, h: tuple(_split((x @ w.T + b).view(*x.shape, 3)[..., i], h) for i in range(3)),
+     ["every third feature", "(B, T, D, 3)"]),
+    (lambda x, w, b, h: tuple(_split(x @ wi + bi, h) for wi, bi in zip(w.chunk(3), b.chunk(3))),
+     ["used without its transpose"]),
+    (lambda x, w, b, h: (lambda q, k, v: (q * q.shape[-1] ** -0.5, k, v))(*good_fused(x, w, b, h)),
+     ["q already multiplied by 1/sqrt(Dh)"]),
+    (lambda x, w, b, h: tuple(t.numpy() for t in good_fused(x, w, b, h)), ["tuple of 3 items (ndarray, ndarray, ndarray)"]),
+])
+def test_fused_qkv_names_more_mistakes(buggy, phrases):
+    assert_names(check_fused_qkv(buggy), *phrases)

@@ -5,15 +5,14 @@
 
 from __future__ import annotations
 
-import itertools
 import numbers
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from attnlib.exercises._core import CandidateError, as_tensor, checker, expect_close, full_precision, run
 from attnlib.exercises.ch01 import reject_shape_mistakes
+from attnlib.exercises.ch04_fused import as_triple, count_products, fused_mistakes
 from attnlib.mha import MultiHeadAttention, merge_heads, split_heads
 
 __all__ = ["check_split_heads", "check_merge_heads", "check_mha_param_count", "check_fused_qkv"]
@@ -68,6 +67,8 @@ def check_split_heads(fn: Callable[[torch.Tensor, int], torch.Tensor]) -> str:
             x.reshape(B, H, T, Dh),
         "interleaved heads: viewing as (B, T, Dh, H) gives head h every H-th feature instead of the "
         "block h·Dh .. (h+1)·Dh - 1; view as (B, T, H, Dh)": x.view(B, T, Dh, H).permute(0, 3, 1, 2),
+        "transpose(1, 2) first, then a reshape to (B, H, T, Dh): that regroups the (B, D, T) numbers, mixing "
+        "tokens and features; view as (B, T, H, Dh), then transpose(1, 2)": x.transpose(1, 2).reshape(B, H, T, Dh),
     })
     return f"(B, T, D) = {(B, T, D)} -> (B, H, T, Dh) = {(B, H, T, Dh)}, each head a block of Dh features"
 
@@ -127,75 +128,20 @@ def check_mha_param_count(fn: Callable[[int, int, int, bool], int]) -> str:
     return "equals the parameter count of attnlib.MultiHeadAttention for MHA, GQA and MQA, with and without biases"
 
 
-def _as_triple(got: object, what: str) -> torch.Tensor:
-    """The reader's (q, k, v) stacked into one (3, B, H, T, Dh) tensor. Any three tensors that unpack as
-    q, k, v are fine (a tuple, a list, a generator, a stacked (3, ...) tensor); CandidateError otherwise."""
-    if isinstance(got, torch.Tensor) and got.dim() > 0 and got.shape[0] == 3:
-        got = got.unbind(0)
-    elif isinstance(got, Iterable) and not isinstance(got, (torch.Tensor, str, bytes, Mapping)):
-        got = run(tuple, got, what=what)  # a generator runs the reader's code only now
-    if not isinstance(got, (tuple, list)) or len(got) != 3 or not all(isinstance(t, torch.Tensor) for t in got):
-        kind = (f"one tensor of shape {tuple(got.shape)}" if isinstance(got, torch.Tensor)
-                else f"{type(got).__name__} of {len(got)} items" if isinstance(got, (tuple, list))
-                else type(got).__name__)
-        raise CandidateError(f"{what} should return three tensors (q, k, v), got {kind}")
-    shapes = {tuple(t.shape) for t in got}
-    if shapes != {(B, H, T, Dh)}:
-        found = " (B, T, H, Dh): the heads are not moved before time" if shapes == {(B, T, H, Dh)} else ""
-        raise CandidateError(f"{what} returned shapes {sorted(shapes)}, expected (B, H, T, Dh) = "
-                             f"{(B, H, T, Dh)} for each of q, k, v{found}")
-    return torch.stack([result_tensor(t, f"{what}, {name}", (B, H, T, Dh)) for t, name in zip(got, "qkv")])
-
-
-class _CountProducts(TorchDispatchMode):
-    """Counts the matrix products run inside it (torch lowers @, F.linear and einsum to these ops)."""
-
-    OPS = frozenset({"mm", "addmm", "bmm", "baddbmm", "mv", "addmv", "dot", "_addmm_activation"})
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.products = 0
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.products += func.overloadpacket.__name__ in self.OPS
-        return func(*args, **(kwargs or {}))
-
-
 @checker("fused QKV projection")
 def check_fused_qkv(fn: Callable[..., tuple]) -> str:
     """fn(x, weight, bias, num_heads) -> (q, k, v), each (B, H, T, Dh), from nn.MultiheadAttention's
     in_proj_weight (3D, D), rows [W_q; W_k; W_v], and in_proj_bias (3D,)."""
     x, weight, bias = torch.randn(B, T, D), torch.randn(3 * D, D) / D ** 0.5, torch.randn(3 * D)
     what = f"fused_qkv(x, weight, bias, num_heads={H}) with x {(B, T, D)}, weight {(3 * D, D)}"
-    got = _as_triple(_run_tensor(fn, x, weight, bias, H, what=what, hints={
+    got = as_triple(_run_tensor(fn, x, weight, bias, H, what=what, hints={
         f"and {3 * D}x{D})": _TRANSPOSE_HINT,                     # torch.matmul's "(10x12 and 36x12)"
-        f"size {3 * D} for operand 1": _TRANSPOSE_HINT}), what)  # einsum("btd,de->bte", x, weight)
+        f"size {3 * D} for operand 1": _TRANSPOSE_HINT}), what, (B, H, T, Dh))  # einsum("btd,de->bte", x, weight)
     y = torch.nn.functional.linear(x, weight, bias)  # (B, T, 3D)
-    blocks = [split_heads(t, H) for t in y.split(D, dim=-1)]  # q, k, v: (B, H, T, Dh) each
-
-    def heads(fused: torch.Tensor) -> torch.Tensor:  # (B, T, 3D) -> (3, B, H, T, Dh), the right way
-        return torch.stack([split_heads(t, H) for t in fused.split(D, dim=-1)])
-
-    mistakes = {f"q, k and v returned in the wrong order (as {', '.join('qkv'[i] for i in order)}): the "
-                f"rows of weight are [W_q; W_k; W_v]": torch.stack([blocks[i] for i in order])
-                for order in itertools.permutations(range(3)) if order != (0, 1, 2)}
-    expect_close(got, torch.stack(blocks), what, mistakes=mistakes | {
-        "the bias is missing: x @ weight.T without + bias": heads(torch.nn.functional.linear(x, weight)),
-        "weight reshaped to (D, 3D) instead of transposed: x @ weight.reshape(D, 3D) has the right shape, "
-        "but a reshape regroups the numbers, it does not swap rows and columns; use weight.T":
-            heads(x @ weight.reshape(D, 3 * D) + bias),
-        "an interleaved layout: viewing the fused output as (B, T, H, 3, Dh) takes a [q, k, v] triple per "
-        "head, but nn.MultiheadAttention's rows are three blocks [W_q; W_k; W_v]; split into three D-wide "
-        "blocks first": y.view(B, T, H, 3, Dh).permute(3, 0, 2, 1, 4),
-        "the heads viewed straight to (B, H, T, Dh) without the transpose, which cuts the sequence instead "
-        "of each token's width": torch.stack([t.reshape(B, H, T, Dh) for t in y.split(D, dim=-1)]),
-    })
-    try:  # the values are right; now count the products that made them (a second, watched run)
-        with _CountProducts() as counted:
-            _run_tensor(fn, x, weight, bias, H, what=what)
-    except (CandidateError, RuntimeError):  # code that does not run under a dispatch mode: no count
-        counted = None
-    if counted is not None and counted.products > 1:
-        return (f"q, k and v are right, but from {counted.products} matrix products: the exercise asks for "
+    expected = torch.stack([split_heads(t, H) for t in y.split(D, dim=-1)])  # (3, B, H, T, Dh)
+    expect_close(got, expected, what, mistakes=fused_mistakes(x, weight, bias, H))
+    products = count_products(lambda: _run_tensor(fn, x, weight, bias, H, what=what))  # the values are right
+    if products is not None and products > 1:
+        return (f"q, k and v are right, but from {products} matrix products: the exercise asks for "
                 f"one, x @ weight.T + bias on the whole (3D, D) weight, then a split of the (B, T, 3D) result")
     return "q, k and v equal the fused projection's three D-wide blocks, each split into heads (B, H, T, Dh)"
