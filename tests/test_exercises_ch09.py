@@ -180,3 +180,86 @@ def test_tile_step_stub_crash_and_wrong_return():
     assert check_tile_step(stub).status == "not attempted yet"
     assert_names(check_tile_step(lambda q, k, v, m, l, acc, scale: q @ k), "raised RuntimeError", "line")
     assert_names(check_tile_step(lambda *a: None), "should return a tuple (m, l, acc), got NoneType")
+
+
+# --- tile step: answers in other styles, and the bugs they bring (adversarial review, adv49) -----
+
+LOG2E = 1.4426950408889634
+
+
+def fa1_step(q, k, v, m, l, acc, scale):
+    """FlashAttention-1's step: acc kept normalized, O = acc / l after every tile."""
+    s = q @ k.mT * scale
+    m_tile = s.amax(-1)
+    p = torch.exp(s - m_tile[..., None])
+    m_new = torch.maximum(m, m_tile)
+    old, new = l * torch.exp(m - m_new), torch.exp(m_tile - m_new)
+    l_new = old + new * p.sum(-1)
+    return m_new, l_new, (old[..., None] * acc + new[..., None] * (p @ v)) / l_new[..., None]
+
+
+def triton_step(q, k, v, m, l, acc, scale):
+    """Triton's tutorial: scores times scale·log2(e), exp2, and m kept in those base-2 units."""
+    s = q @ k.transpose(-1, -2) * (scale * LOG2E)
+    m_new = torch.maximum(m, s.amax(-1))
+    alpha, p = torch.exp2(m - m_new), torch.exp2(s - m_new[..., None])
+    return m_new, l * alpha + p.sum(-1), acc * alpha[..., None] + p @ v
+
+
+def lse_step(q, k, v, m, l, acc, scale):
+    """The logsumexp carried in m, l = 1 and acc normalized."""
+    s = torch.einsum("ntd,nsd->nts", q * scale, k)                   # the scale folded into q first
+    lse = torch.logaddexp(m, torch.logsumexp(s, -1))
+    return lse, torch.ones_like(l), acc * torch.exp(m - lse)[..., None] + torch.exp(s - lse[..., None]) @ v
+
+
+def test_tile_step_accepts_other_styles():
+    assert check_tile_step(lse_step).passed
+    assert check_tile_step(lambda q, k, v, m, l, acc, *, scale: tile_step(q, k, v, m, l, acc, scale)).passed
+    fa1 = check_tile_step(fa1_step)
+    assert fa1.passed and "acc is kept normalized" in fa1.message and "FlashAttention-1" in fa1.message
+    triton = check_tile_step(triton_step)
+    assert triton.passed and "base-2 units" in triton.message
+
+
+def bug_step(q, k, v, m, l, acc, scale, *, bug):
+    """tile_step with one realistic bug."""
+    s = q @ k.mT * scale
+    if bug == "scaled twice":
+        s = s / math.sqrt(q.shape[-1])
+    if bug in ("last key", "first key"):
+        keys = slice(None, -1) if bug == "last key" else slice(1, None)
+        return tile_step(q, k[:, keys], v[:, keys], m, l, acc, scale)
+    m_tile = s.amax(-1)
+    m_new = torch.maximum(m, m_tile)
+    alpha = torch.exp((m_tile if bug == "tile max" else m) - m_new)
+    p = torch.exp(s - (m_tile if bug == "p tile max" else m_new)[..., None])
+    l_new, acc_new = l * alpha + p.sum(-1), acc * alpha[..., None] + p @ v
+    if bug == "normalized":
+        acc_new = acc_new / l_new[..., None]
+    return (m if bug == "old m" else m_new), (l if bug == "l kept" else l_new), acc_new
+
+
+@pytest.mark.parametrize("bug, phrase", [
+    ("tile max", "with the tile's own max"),
+    ("p tile max", "p = exp(s - m_tile)"),
+    ("normalized", "acc divided by l after every tile"),
+    ("old m", "returned the old m"),
+    ("scaled twice", "scaled twice"),
+    ("last key", "the last key of each tile left out"),
+    ("first key", "the first key of each tile left out"),
+    ("l kept", "left l at 0 after every tile"),
+])
+def test_tile_step_names_more_mistakes(bug, phrase):
+    assert_names(check_tile_step(lambda *a: bug_step(*a, bug=bug)), phrase)
+
+
+@pytest.mark.parametrize("wrong, phrases", [
+    (lambda *a: tuple(t.half() for t in tile_step(*a)), ["on keys 0..5: m returned torch.float16", "half precision"]),
+    (lambda *a: tuple(t.long() for t in tile_step(*a)), ["m is torch.int64"]),
+    (lambda *a: (lambda m, l, acc: (m[..., None], l, acc))(*tile_step(*a)), ["m has shape (2, 5, 1), expected (2, 5)"]),
+    (lambda *a: tuple(t.numpy() for t in tile_step(*a)), ["m should be a torch.Tensor, got ndarray"]),
+    (lambda *a: tile_step(*a)[:2], ["got tuple of 2 items"]),
+])
+def test_tile_step_names_a_wrong_state(wrong, phrases):
+    assert_names(check_tile_step(wrong), *phrases)

@@ -1,5 +1,6 @@
 """Chapter 9's first checker: the logsumexp of a stream of score chunks, read once (online softmax's
-running max and running sum). The helpers `_safe` and `_nan_if_not_finite` are shared with ch09.py.
+running max and running sum). The helpers `_safe`, `_nan_if_not_finite`, `_partial` and `_comparable` are shared
+with ch09.py and ch09_tile.py.
 """
 
 from __future__ import annotations
@@ -9,12 +10,13 @@ from collections.abc import Callable, Iterator
 
 import torch
 
-from attnlib.exercises._core import CandidateError, checker, expect_close, run
+from attnlib.exercises._core import CandidateError, as_tensor, checker, expect_close, full_precision, run
 from attnlib.exercises.ch07 import CallLog
 
 __all__ = ["check_online_logsumexp"]
 
 _NEG_INF = float("-inf")
+State = tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # m (..., T), l (..., T), acc (..., T, Dv)
 
 
 def _safe(m: torch.Tensor) -> torch.Tensor:
@@ -25,6 +27,35 @@ def _safe(m: torch.Tensor) -> torch.Tensor:
 def _nan_if_not_finite(x: torch.Tensor) -> torch.Tensor:
     """inf and NaN both become NaN, so that an overflow matches the mistake that overflows the same way."""
     return torch.where(torch.isfinite(x), x, torch.full_like(x, math.nan))
+
+
+def _partial(s: torch.Tensor, v: torch.Tensor) -> State:
+    """The partial result (m, l, acc) of scores s (..., T, n) and values v (..., n, Dv)."""
+    m = s.amax(dim=-1)  # (..., T)
+    p = torch.exp(s - _safe(m)[..., None])  # (..., T, n)
+    return m, p.sum(dim=-1), p @ v
+
+
+def checked_state(state: object, what: str, shapes: tuple) -> State:
+    """The reader's (m, l, acc) as three real tensors in full precision of `shapes`; CandidateError naming
+    what is off (not a triple, a non-tensor, a wrong shape, an integer or half-precision dtype)."""
+    if not isinstance(state, (tuple, list)) or len(state) != 3:
+        size = f" of {len(state)} items" if isinstance(state, (tuple, list)) else ""
+        raise CandidateError(f"{what} should return a tuple (m, l, acc), got {type(state).__name__}{size}")
+    for t, n, s in zip(state, ("m", "l", "acc"), shapes):
+        as_tensor(t, f"{what}: {n}", s)
+        if not t.is_floating_point():
+            raise CandidateError(f"{what}: {n} is {t.dtype}: the state holds real numbers (exp of scores); "
+                                 f"return float32 or float64")
+        full_precision(t, f"{what}: {n}")
+    return tuple(state)
+
+
+def _comparable(state: State, true_max: torch.Tensor, what: str, shapes: tuple) -> torch.Tensor:
+    """(l, acc) rescaled to the true row max, as one (..., T, 1 + Dv) tensor; checks types and shapes."""
+    m, l, acc = checked_state(state, what, shapes)
+    factor = torch.exp(m.to(torch.float64) - _safe(true_max).to(torch.float64))  # (..., T)
+    return _nan_if_not_finite(torch.cat([l[..., None], acc], dim=-1).to(torch.float64) * factor[..., None])
 
 
 # --- 1. online logsumexp over a stream ---------------------------------------------------------
