@@ -240,6 +240,18 @@ def bug_step(q, k, v, m, l, acc, scale, *, bug):
     return (m if bug == "old m" else m_new), (l if bug == "l kept" else l_new), acc_new
 
 
+def exp2_without_log2e(q, k, v, m, l, acc, scale):
+    """Triton's exp2 without its log2(e) factor on the scores."""
+    s = q @ k.mT * scale
+    m_new = torch.maximum(m, s.amax(-1))
+    alpha, p = torch.exp2(m - m_new), torch.exp2(s - m_new[..., None])
+    return m_new, l * alpha + p.sum(-1), acc * alpha[..., None] + p @ v
+
+
+def test_tile_step_names_exp2_without_log2e():
+    assert_names(check_tile_step(exp2_without_log2e), "exp2 without the log2(e) factor")
+
+
 @pytest.mark.parametrize("bug, phrase", [
     ("tile max", "with the tile's own max"),
     ("p tile max", "p = exp(s - m_tile)"),

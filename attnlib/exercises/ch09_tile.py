@@ -23,18 +23,20 @@ _STEP = "tile_step(q, k_tile, v_tile, m, l, acc, scale)"
 
 def _tile_step(q, k, v, m, l, acc, scale, *, rescale_l: bool = True, rescale_acc: bool = True,
                wrong_way: bool = False, old_ref: str = "m", p_ref: str = "m_new", normalize: bool = False,
-               keep_m: bool = False) -> State:
+               keep_m: bool = False, base2: bool = False) -> State:
     """Fold one key tile into the running (m, l, acc), or (with a flag) one classic mistake.
 
     s = q kᵀ · scale, m' = max(m, rowmax s), l' = l·exp(m - m') + Σ exp(s - m'),
-    acc' = acc·exp(m - m') + exp(s - m') v. old_ref / p_ref = "tile": the tile's own max in place of m / m'.
+    acc' = acc·exp(m - m') + exp(s - m') v. old_ref / p_ref = "tile": the tile's own max in place of m / m';
+    base2: exp2 in place of exp, without the log2(e) factor on the scores.
     """
+    exp = torch.exp2 if base2 else torch.exp
     s = q @ k.transpose(-2, -1) * scale  # (N, T, tk)
     m_tile = s.amax(dim=-1)  # (N, T)
     m_new = torch.maximum(m, m_tile)  # (N, T)
     ref, old = _safe(m_new), m_tile if old_ref == "tile" else m
-    alpha = torch.exp(ref - old) if wrong_way else torch.exp(old - ref)  # (N, T)
-    p = torch.exp(s - (m_tile if p_ref == "tile" else ref)[..., None])  # (N, T, tk)
+    alpha = exp(ref - old) if wrong_way else exp(old - ref)  # (N, T)
+    p = exp(s - (m_tile if p_ref == "tile" else ref)[..., None])  # (N, T, tk)
     l = (l * alpha if rescale_l else l) + p.sum(dim=-1)
     acc = (acc * alpha[..., None] if rescale_acc else acc) + p @ v
     return m if keep_m else m_new, l, acc / l[..., None] if normalize else acc
@@ -88,6 +90,8 @@ def _mistakes(q, k, v, s, scale, tile, true_max, shapes) -> dict[str, torch.Tens
             variant(used_scale=1.0 / scale),
         "scaled twice: scale is already 1/sqrt(Dh), so s = q kᵀ · scale needs no further / sqrt(Dh)":
             variant(used_scale=scale * scale),
+        "exp2 without the log2(e) factor: 2^s = e^(s·ln 2) is a softmax at another temperature; multiply the "
+        "scores by log2(e) = 1.4427 (scale·log2(e)) before exp2": variant(base2=True),
         "the last key of each tile left out (an off-by-one in the tile's bounds)": variant(keys=slice(None, -1)),
         "the first key of each tile left out (an off-by-one in the tile's bounds)": variant(keys=slice(1, None)),
     }
