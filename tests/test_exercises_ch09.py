@@ -213,6 +213,14 @@ def lse_step(q, k, v, m, l, acc, scale):
     return lse, torch.ones_like(l), acc * torch.exp(m - lse)[..., None] + torch.exp(s - lse[..., None]) @ v
 
 
+def fa2_kernel_step(q, k, v, m, l, acc, scale):
+    """FlashAttention-2's kernel: m is the max of the raw scores q kᵀ, scale·log2(e) folded into exp2."""
+    c, s = scale * LOG2E, q @ k.mT
+    m_new = torch.maximum(m, s.amax(-1))
+    alpha, p = torch.exp2((m - m_new) * c), torch.exp2((s - m_new[..., None]) * c)
+    return m_new, l * alpha + p.sum(-1), acc * alpha[..., None] + p @ v
+
+
 def test_tile_step_accepts_other_styles():
     assert check_tile_step(lse_step).passed
     assert check_tile_step(lambda q, k, v, m, l, acc, *, scale: tile_step(q, k, v, m, l, acc, scale)).passed
@@ -220,6 +228,8 @@ def test_tile_step_accepts_other_styles():
     assert fa1.passed and "acc is kept normalized" in fa1.message and "FlashAttention-1" in fa1.message
     triton = check_tile_step(triton_step)
     assert triton.passed and "base-2 units" in triton.message
+    fa2 = check_tile_step(fa2_kernel_step)
+    assert fa2.passed and "max of the unscaled scores" in fa2.message
 
 
 def bug_step(q, k, v, m, l, acc, scale, *, bug):

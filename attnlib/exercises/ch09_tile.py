@@ -2,8 +2,9 @@
 running state (m, l, acc), driven by the checker over every tile and compared with softmax attention.
 
 Any state that describes the same softmax passes: acc kept unnormalized (FlashAttention-2, the chapter's),
-acc kept normalized as acc / l (FlashAttention-1), or m kept in base-2 units for exp2 (Triton's tutorial);
-the last two pass with a note on what they change.
+acc kept normalized as acc / l (FlashAttention-1), m kept in base-2 units for exp2 (Triton's tutorial) or
+m kept as the max of the unscaled scores (FlashAttention-2's kernel); the last three pass with a note on what
+they change.
 """
 
 from __future__ import annotations
@@ -53,7 +54,7 @@ def _run_tiles(step: Callable[..., State], q, k, v, scale, tile: int, what: str)
     return state
 
 
-def _other_forms(state: State) -> dict[str, State]:
+def _other_forms(state: State, scale: float) -> dict[str, State]:
     """The reader's final state read as the other representations of the same softmax, each with its note."""
     m, l, acc = (t.to(torch.float64) for t in state)
     return {
@@ -63,6 +64,9 @@ def _other_forms(state: State) -> dict[str, State]:
         "m is kept in base-2 units (the max of s·log2(e), for exp2, as in Triton's tutorial): right, but "
         "the chapter's m is the max of s itself, so m + log(l) is no longer the logsumexp; return "
         "m / log2(e)": (m * math.log(2.0), l, acc),
+        "m is the max of the unscaled scores q kᵀ (as FlashAttention-2's kernel keeps it, with scale folded "
+        "into the exponent): right, but the chapter's m is the max of s = q kᵀ · scale, so m + log(l) is no "
+        "longer the logsumexp; return m · scale": (m * scale, l, acc),
     }
 
 
@@ -121,7 +125,7 @@ def check_tile_step(fn: Callable[..., State]) -> str:
     got = _comparable(final, true_max, _STEP, shapes)
     done = f"{S} keys in tiles of {tile}, the max growing late, scores in the hundreds"
     if not matching(got, {"": expected}, atol=1e-4):
-        forms = {note: _comparable(alt, true_max, _STEP, shapes) for note, alt in _other_forms(final).items()}
+        forms = {note: _comparable(alt, true_max, _STEP, shapes) for note, alt in _other_forms(final, scale).items()}
         for note in (n for n, alt in forms.items() if matching(alt, {n: expected}, atol=1e-4)):
             return f"{done}; {note}"
         if not final[1].any():
