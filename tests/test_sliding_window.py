@@ -104,6 +104,19 @@ def test_rolling_update_returns_the_last_window_minus_one_and_the_new_positions(
     assert cache._k[0].shape[2] <= 32                          # the buffer stopped growing
 
 
+def test_a_chunk_that_rolls_a_nearly_empty_buffer_keeps_the_right_positions():
+    """Right after a roll the kept positions sit near the front: a chunk that rolls again then moves a range
+    that overlaps where it goes (the one case the roll copies through a temporary)."""
+    cache = KVCache(sliding_window=4)
+    stream = torch.arange(40, dtype=torch.float32).view(1, 1, 40, 1)
+    t = 0
+    for n in [1] * 17 + [13]:                                  # 16 slots fill, a roll; then 4 + 13 > 16 rolls again
+        k_all, _ = cache.update(0, stream[:, :, t:t + n], stream[:, :, t:t + n])
+        t += n
+    assert cache._k[0].shape[2] == 16 and cache._dropped[0] == 14   # two rolls, no growth
+    assert k_all.flatten().tolist() == list(range(t - 13 - 3, t))    # the 3 kept, then the 13 new
+
+
 def test_chunked_prefill_through_the_rolling_cache_equals_at_once(pair):
     _, dec = pair
     x = ids(2, 45)

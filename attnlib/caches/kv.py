@@ -147,12 +147,16 @@ class KVCache:
 
         The older ones are out of every later query's window. Done only when the buffer, at least
         2 (W - 1) positions long (_capacity), is full: for tokens appended one at a time, each roll
-        frees at least as many slots as it moves, so a token costs at most about one more move on
-        average (a chunk of c tokens can roll a buffer that still has up to c - 1 free slots).
+        frees at least as many slots as it moves, so a token costs at most about one more copy on
+        average (a chunk of c tokens can roll a buffer that still has up to c - 1 free slots; then the
+        kept range can overlap the front and goes through a temporary copy).
         """
         start, keep = self._len[layer_idx], self._kept(layer_idx)
         for buf in (self._k[layer_idx], self._v[layer_idx]):
-            buf.narrow(2, 0, keep).copy_(buf.narrow(2, start - keep, keep).clone())  # the ranges may overlap
+            kept = buf.narrow(2, start - keep, keep)
+            if start - keep < keep:  # the kept range overlaps the front (a chunk rolled early): copy it out first
+                kept = kept.clone()
+            buf.narrow(2, 0, keep).copy_(kept)
         self._dropped[layer_idx] += start - keep
         self._len[layer_idx] = keep
         return keep
