@@ -15,20 +15,40 @@ read_bandwidth estimates the first number on this machine; weight_bytes counts t
 
 from __future__ import annotations
 
-import torch
+import time
 
-from attnlib.timing import best_time
+import torch
 
 __all__ = ["read_bandwidth", "weight_bytes", "streaming_limit"]
 
 
-def read_bandwidth(nbytes: int = 2**30, repeats: int = 5) -> float:
-    """An estimate of the bytes per second this machine reads from memory: the fastest of `repeats` sums
-    over a float32 buffer of `nbytes` (far larger than any cache), with torch's current number of
-    threads. A well-threaded kernel can read faster than a plain sum (chapter 12)."""
+def read_bandwidth(nbytes: int = 2**30, repeats: int = 5, seconds: float = 0.0) -> float:
+    """An estimate of the bytes per second this machine reads from memory: sums over a float32 buffer of
+    `nbytes` (far larger than any cache) with torch's current number of threads, back to back for at least
+    `seconds` (one sum at least), the bytes over the time; the best of `repeats` such windows.
+
+    On a machine shared with other work the rate moves within a second (one sum of 1 GiB read from 20 to
+    80 GB/s within seconds on this book's machine), so the fastest short sum catches the best moment.
+    A limit for a call that takes t seconds is measured over windows of t seconds (chapter 12, `make
+    bench`). A well-threaded kernel can read faster than a plain sum (chapter 12)."""
+    for name, value, least in (("nbytes", nbytes, 4), ("repeats", repeats, 1)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < least:
+            raise ValueError(f"{name} must be an int >= {least}, got {value!r}")
+    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not 0 <= seconds < float("inf"):
+        raise ValueError(f"seconds must be a number >= 0, got {seconds!r}")
     buffer = torch.ones(nbytes // 4)
-    seconds = best_time(buffer.sum, repeats)
-    return buffer.nbytes / seconds
+    return max(_window_rate(buffer, seconds) for _ in range(repeats))
+
+
+def _window_rate(buffer: torch.Tensor, seconds: float) -> float:
+    """Bytes per second of back-to-back sums of buffer for at least `seconds` (one sum at least)."""
+    start, sums = time.perf_counter(), 0
+    while True:
+        buffer.sum()
+        sums += 1
+        elapsed = time.perf_counter() - start
+        if elapsed >= seconds:
+            return sums * buffer.nbytes / elapsed
 
 
 def weight_bytes(model: torch.nn.Module) -> int:

@@ -1,0 +1,53 @@
+"""attnlib.roofline: the bytes a step reads, the limit they set, and the bandwidth windows."""
+
+import pytest
+import torch
+
+from attnlib import LlamaDecoder
+from attnlib import roofline
+from attnlib.roofline import read_bandwidth, streaming_limit, weight_bytes
+
+
+def _decoder(tied: bool) -> LlamaDecoder:
+    return LlamaDecoder(vocab_size=100, d_model=16, num_layers=2, num_heads=4, num_kv_heads=2, d_ff=32,
+                        tie_word_embeddings=tied)
+
+
+def test_weight_bytes_counts_a_tied_output_layer_once():
+    untied, tied = _decoder(False), _decoder(True)
+    # per block: qkv (4 + 2·2)·4 x 16, out 16 x 16, gate_up 64 x 16, down 16 x 32, two norms of 16
+    block = 8 * 4 * 16 + 16 * 16 + 64 * 16 + 16 * 32 + 2 * 16
+    embedding = 100 * 16                                                 # (vocab, D), and lm_head as large
+    assert weight_bytes(untied) == 4 * (embedding + 2 * block + 16 + embedding)  # float32: 4 bytes each
+    assert weight_bytes(tied) == 4 * (embedding + 2 * block + 16)        # lm_head is the embedding itself
+    assert weight_bytes(tied.to(torch.bfloat16)) == 2 * (embedding + 2 * block + 16)   # 2 bytes each
+
+
+def test_streaming_limit_is_the_bandwidth_over_the_weight_bytes():
+    model = _decoder(True)
+    assert streaming_limit(model, 3e10) == pytest.approx(3e10 / weight_bytes(model))
+
+
+def test_a_window_sums_until_its_seconds_have_passed(monkeypatch):
+    """On a clock that moves 10 ms per reading, a 25 ms window takes 3 sums (at 10, 20 and 30 ms): 3 buffers
+    over 30 ms; a window of 0 seconds is one sum."""
+    ticks = iter(range(1000))
+    monkeypatch.setattr(roofline.time, "perf_counter", lambda: next(ticks) / 100)
+    nbytes = 4 * 1024
+    assert read_bandwidth(nbytes, repeats=1, seconds=0.025) == pytest.approx(3 * nbytes / 0.03)
+    assert read_bandwidth(nbytes, repeats=2, seconds=0) == pytest.approx(nbytes / 0.01)
+
+
+def test_the_best_of_the_windows_is_returned(monkeypatch):
+    """Windows of 1, 1 and 2 clock ticks (10 ms each): the fastest, one sum in 10 ms, is the estimate."""
+    times = iter([0.0, 0.01, 0.02, 0.03, 0.04, 0.06])
+    monkeypatch.setattr(roofline.time, "perf_counter", lambda: next(times))
+    assert read_bandwidth(4096, repeats=3) == pytest.approx(4096 / 0.01)
+
+
+@pytest.mark.parametrize("kwargs, name", [({"repeats": 0}, "repeats"), ({"repeats": 2.5}, "repeats"),
+                                          ({"nbytes": 2}, "nbytes"), ({"seconds": -1}, "seconds"),
+                                          ({"seconds": float("inf")}, "seconds"), ({"seconds": "1"}, "seconds")])
+def test_a_bad_argument_is_named(kwargs, name):
+    with pytest.raises(ValueError, match=name):
+        read_bandwidth(**kwargs)
