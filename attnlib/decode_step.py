@@ -23,7 +23,8 @@ LlamaDecoder.forward's, and those of a larger one equal them to float32 rounding
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+from collections.abc import Callable, Iterator
 
 import torch
 import torch.nn.functional as F
@@ -32,7 +33,7 @@ from torch.utils.weak import WeakTensorKeyDictionary
 from attnlib.decoder import LlamaDecoder, rms_norm
 from attnlib.caches import KVCache, check_cache
 
-__all__ = ["DecodeStep", "PACK_MIN", "PACK_MODEL_MIN"]
+__all__ = ["DecodeStep", "packed_linears", "PACK_MIN", "PACK_MODEL_MIN"]
 
 PACK_MIN = 2**17        # elements of a matrix (512 KiB of float32): from here packed beat torch.mm from memory
 PACK_MODEL_MIN = 2**22  # parameters of the model: packing made a step 1.2x slower at 3.3M (bench_decode's model,
@@ -58,7 +59,7 @@ class DecodeStep:
         for i in range(len(cache)):  # room for every step: no buffer grows, the steps write in place
             if cache._k[i].shape[2] < total:
                 cache._grow(i, total)
-        pack = sum(p.numel() for p in decoder.parameters()) >= PACK_MODEL_MIN
+        pack = _large(decoder)
         self.layers = [(b.attn_norm.weight, _product(b.attn.qkv, pack), _product(b.attn.out, pack),
                         b.mlp_norm.weight, _product(b.mlp.gate_up, pack), _product(b.mlp.down, pack),
                         cache._k[i], cache._v[i]) for i, b in enumerate(decoder.blocks)]
@@ -99,6 +100,27 @@ class DecodeStep:
         self.slot = t + 1
         self.cache._len[:] = [t + 1] * len(self.layers)  # the cache holds the new token in every layer
         return self.lm_head(rms_norm(x, self.norm, eps)).view(B, 1, -1)  # (B, 1, vocab)
+
+
+@contextlib.contextmanager
+def packed_linears(decoder: LlamaDecoder) -> Iterator[None]:
+    """Within the block, decoder.forward multiplies by the packed copies a DecodeStep uses: each Linear
+    layer that one packs runs the packed product as its forward, put back on leaving (generate's prefill;
+    for inference only, as the packed copy is not the weight autograd would follow)."""
+    swapped = [m for m in decoder.modules() if isinstance(m, torch.nn.Linear) and _large(decoder)
+               and _packed(m.weight) is not None]
+    for linear in swapped:
+        linear.forward = _product(linear, True)  # the instance's forward, found before nn.Linear.forward
+    try:
+        yield
+    finally:
+        for linear in swapped:
+            del linear.forward
+
+
+def _large(decoder: LlamaDecoder) -> bool:
+    """Whether the model has PACK_MODEL_MIN parameters or more, and so gets its large matrices packed."""
+    return sum(p.numel() for p in decoder.parameters()) >= PACK_MODEL_MIN
 
 
 def _product(linear: torch.nn.Linear, pack: bool) -> Callable[[torch.Tensor], torch.Tensor]:
