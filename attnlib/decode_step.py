@@ -36,8 +36,10 @@ from attnlib.caches import KVCache, check_cache
 __all__ = ["DecodeStep", "packed_linears", "PACK_MIN", "PACK_MODEL_MIN"]
 
 PACK_MIN = 2**17        # elements of a matrix (512 KiB of float32): from here packed beat torch.mm from memory
-PACK_MODEL_MIN = 2**22  # parameters of the model: packing made a step 1.2x slower at 3.3M (bench_decode's model,
-                        # whose small matrices are read from cache), no faster at 4.7M, 1.5x faster at 6.9M
+PACK_MODEL_MIN = 2**22  # parameters of the model. Measured on this book's 2-core machine, a step with packing
+# against one without: 1.2x slower at 3.3M parameters (bench_decode's model: D 256, 4 layers, d_ff 688, vocab
+# 1000), no faster at 4.7M (D 384, 2 layers, d_ff 1024, vocab 2000), 1.5x faster at 6.9M (D 512, 1 layer, d_ff
+# 1376, vocab 4000): the packed kernel's cost per call (~8 us more than torch.mm's) pays only on larger matrices
 _PACKED = WeakTensorKeyDictionary()  # weight -> (its version when packed, the packed copy)
 
 
