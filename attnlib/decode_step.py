@@ -14,8 +14,9 @@ multiplied by oneDNN's kernel for a weight prepacked in its own blocked layout, 
 every thread at close to a plain sum's bytes per second (about 2x torch.mm's matrix-vector product
 here) but costs ~10 us per call, so it pays from ~2^17 elements on. The copy is packed without a
 batch size: told one row, oneDNN keeps the plain (out, in) layout and its AVX2 kernel, which read
-SmolLM2's output layer and 576 x 1536 matrices more slowly (chapter 12 times both). It is made when
-a DecodeStep is built and reused while the weight is unchanged. Other matrices go through torch.mm
+SmolLM2's output layer and 576 x 1536 matrices more slowly (chapter 12 times both). It is made the
+first time a DecodeStep or generate's prefill (packed_linears) needs it, and reused while the weight is
+unchanged. Other matrices go through torch.mm
 exactly as F.linear does, so the logits of a model with nothing packed are bit-identical to
 LlamaDecoder.forward's, and those of a larger one equal them to float32 rounding
 (tests/test_decode_step.py).
@@ -37,9 +38,10 @@ __all__ = ["DecodeStep", "packed_linears", "PACK_MIN", "PACK_MODEL_MIN"]
 
 PACK_MIN = 2**17        # elements of a matrix (512 KiB of float32): from here packed beat torch.mm from memory
 PACK_MODEL_MIN = 2**22  # parameters of the model. Measured on this book's 2-core machine, a step with packing
-# against one without: 1.2x slower at 3.3M parameters (bench_decode's model: D 256, 4 layers, d_ff 688, vocab
-# 1000), no faster at 4.7M (D 384, 2 layers, d_ff 1024, vocab 2000), 1.5x faster at 6.9M (D 512, 1 layer, d_ff
-# 1376, vocab 4000): the packed kernel's cost per call (~8 us more than torch.mm's) pays only on larger matrices
+# against one without: 1.2x slower at 3.3M parameters (bench_decode's model: D 256, 8 heads, 2 key/value heads,
+# 4 layers, d_ff 688, vocab 1000), no faster at 4.7M (D 384, 6 and 2 heads, 2 layers, d_ff 1024, vocab 2000),
+# 1.5x faster at 6.9M (D 512, 8 and 2 heads, 1 layer, d_ff 1376, vocab 4000): the packed kernel's cost per call
+# (~8 us more than torch.mm's) pays only on larger matrices
 _PACKED = WeakTensorKeyDictionary()  # weight -> (its version when packed, the packed copy)
 
 
@@ -109,8 +111,9 @@ def packed_linears(decoder: LlamaDecoder) -> Iterator[None]:
     """Within the block, decoder.forward multiplies by the packed copies a DecodeStep uses: each Linear
     layer that one packs runs the packed product as its forward, put back on leaving (generate's prefill;
     for inference only, as the packed copy is not the weight autograd would follow)."""
-    swapped = [m for m in decoder.modules() if isinstance(m, torch.nn.Linear) and _large(decoder)
-               and _packed(m.weight) is not None]
+    large = _large(decoder)
+    swapped = [m for m in decoder.modules()
+               if large and isinstance(m, torch.nn.Linear) and _packed(m.weight) is not None]
     for linear in swapped:
         linear.forward = _product(linear, True)  # the instance's forward, found before nn.Linear.forward
     try:
@@ -127,7 +130,8 @@ def _large(decoder: LlamaDecoder) -> bool:
 
 def _product(linear: torch.nn.Linear, pack: bool) -> Callable[[torch.Tensor], torch.Tensor]:
     """x (B, in) -> x W^T + b (B, out) for the layer's weight W (out, in): oneDNN's prepacked kernel for a
-    large float32 matrix if `pack`, else what F.linear runs on a (B, in) input, addmm(b, x, W.t())."""
+    large float32 matrix if `pack` (which takes x (..., in) too, as the prefill's (B, T, in)), else what
+    F.linear runs on a (B, in) input, addmm(b, x, W.t())."""
     weight, bias = linear.weight, linear.bias
     packed = _packed(weight) if pack else None
     if packed is not None:

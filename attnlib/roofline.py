@@ -27,10 +27,11 @@ def read_bandwidth(nbytes: int = 2**30, repeats: int = 5, seconds: float = 0.0) 
     `nbytes` (far larger than any cache) with torch's current number of threads, back to back for at least
     `seconds` (one sum at least), the bytes over the time; the best of `repeats` such windows.
 
-    On a machine shared with other work the rate moves within a second (one sum of 1 GiB read from 20 to
-    80 GB/s within seconds on this book's machine), so the fastest short sum catches the best moment.
-    A limit for a call that takes t seconds is measured over windows of t seconds (chapter 12, `make
-    bench`). A well-threaded kernel can read faster than a plain sum (chapter 12)."""
+    On a machine shared with other work the rate moves (on this book's machine single 1 GiB sums have read
+    anywhere from about 20 to 80 GB/s from one time to another, and the rate can change within a second), so
+    the fastest short sum is a best moment, not what a longer call can average. A limit for a call that
+    takes t seconds is measured over windows of t seconds (chapter 12, `make bench`). A well-threaded kernel
+    can read faster than a plain sum (chapter 12)."""
     for name, value, least in (("nbytes", nbytes, 4), ("repeats", repeats, 1)):
         if isinstance(value, bool) or not isinstance(value, int) or value < least:
             raise ValueError(f"{name} must be an int >= {least}, got {value!r}")
