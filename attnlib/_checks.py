@@ -33,3 +33,10 @@ def require_dims(x: torch.Tensor, name: str, dims: int, expected: str) -> torch.
     if x.dim() != dims:
         raise ValueError(f"{name} of shape {fmt_shape(x.shape)} is not {expected}")
     return x
+
+
+def require_count(n: object, name: str, low: int, meaning: str) -> int:
+    """Return n if it is an int >= low (not a bool), else raise ValueError naming the argument and what it counts."""
+    if isinstance(n, bool) or not isinstance(n, int) or n < low:
+        raise ValueError(f"{name} must be an int >= {low} ({meaning}), got {n!r}")
+    return n

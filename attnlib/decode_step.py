@@ -111,9 +111,8 @@ def packed_linears(decoder: LlamaDecoder) -> Iterator[None]:
     """Within the block, decoder.forward multiplies by the packed copies a DecodeStep uses: each Linear
     layer that one packs runs the packed product as its forward, put back on leaving (generate's prefill;
     for inference only, as the packed copy is not the weight autograd would follow)."""
-    large = _large(decoder)
-    swapped = [m for m in decoder.modules()
-               if large and isinstance(m, torch.nn.Linear) and _packed(m.weight) is not None]
+    linears = [m for m in decoder.modules() if isinstance(m, torch.nn.Linear)] if _large(decoder) else []
+    swapped = [m for m in linears if _packed(m.weight) is not None]
     for linear in swapped:
         linear.forward = _product(linear, True)  # the instance's forward, found before nn.Linear.forward
     try:

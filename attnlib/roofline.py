@@ -19,6 +19,8 @@ import time
 
 import torch
 
+from attnlib._checks import require_count
+
 __all__ = ["read_bandwidth", "weight_bytes", "streaming_limit"]
 
 
@@ -32,9 +34,8 @@ def read_bandwidth(nbytes: int = 2**30, repeats: int = 5, seconds: float = 0.0) 
     the fastest short sum is a best moment, not what a longer call can average. A limit for a call that
     takes t seconds is measured over windows of t seconds (chapter 12, `make bench`). A well-threaded kernel
     can read faster than a plain sum (chapter 12)."""
-    for name, value, least in (("nbytes", nbytes, 4), ("repeats", repeats, 1)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < least:
-            raise ValueError(f"{name} must be an int >= {least}, got {value!r}")
+    require_count(nbytes, "nbytes", 4, "bytes of the buffer, one float32 at least")
+    require_count(repeats, "repeats", 1, "windows to measure")
     if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not 0 <= seconds < float("inf"):
         raise ValueError(f"seconds must be a number >= 0, got {seconds!r}")
     buffer = torch.ones(nbytes // 4)

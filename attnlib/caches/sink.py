@@ -13,17 +13,11 @@ from __future__ import annotations
 
 import torch
 
-from attnlib._checks import fmt_shape
+from attnlib._checks import fmt_shape, require_count
 from attnlib.caches._base import LayeredCache, append_rows
 from attnlib.positional import apply_rope
 
 __all__ = ["SinkCache"]
-
-
-def _count(n: object, name: str, low: int, meaning: str) -> int:
-    if isinstance(n, bool) or not isinstance(n, int) or n < low:
-        raise ValueError(f"{name} must be an int >= {low} ({meaning}), got {n!r}")
-    return n
 
 
 class SinkCache(LayeredCache):
@@ -41,8 +35,8 @@ class SinkCache(LayeredCache):
 
     def __init__(self, num_sinks: int, window: int, *, rotary: torch.nn.Module | None = None) -> None:
         super().__init__()
-        self.num_sinks = _count(num_sinks, "num_sinks", 0, "the first positions kept for good")
-        self.window = _count(window, "window", 1, "the last positions kept")
+        self.num_sinks = require_count(num_sinks, "num_sinks", 0, "the first positions kept for good")
+        self.window = require_count(window, "window", 1, "the last positions kept")
         self.rotary = rotary
         self._kv: list[list[torch.Tensor | None]] = []  # per layer: [k (B, H_kv, capacity, Dh), v]
         self._rot: list[torch.Tensor | None] = []       # per layer: (capacity, 1) position each key was rotated at
