@@ -159,6 +159,11 @@ class MultiHeadLatentAttention(nn.Module):
 
         if not isinstance(attn, DeepseekV3Attention):
             raise TypeError(f"attn must be a transformers DeepseekV3Attention, got {type(attn).__name__}")
+        return cls._copy_deepseek(attn, rope_interleave=attn.config.rope_interleave)
+
+    @classmethod
+    def _copy_deepseek(cls, attn: nn.Module, *, rope_interleave: bool) -> MultiHeadLatentAttention:
+        """from_hf without the class check: any DeepSeek MLA module with V3's parameter names (V3.2's too)."""
         c = attn.config
         rope = dict(getattr(c, "rope_parameters", None) or {})
         if rope.get("rope_type", "default") != "default":
@@ -181,7 +186,7 @@ class MultiHeadLatentAttention(nn.Module):
             for name, param in ours.named_parameters():
                 module, kind = name.split(".")
                 param.copy_(theirs[f"{names[module]}.{kind}"])
-            if c.rope_interleave:
+            if rope_interleave:
                 ours._deinterleave_rope_rows()
         return ours.train(attn.training)
 
