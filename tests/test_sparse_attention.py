@@ -8,7 +8,8 @@ from torch.utils.flop_counter import FlopCounterMode
 from transformers import DeepseekV32Config, DeepseekV32ForCausalLM
 
 from attnlib.mla import MultiHeadLatentAttention
-from attnlib.sparse_attention import DeepSeekSparseAttention, LightningIndexer, dsa_flops_per_token
+from attnlib import LatentCache
+from attnlib.sparse_attention import DeepSeekSparseAttention, IndexedLatentCache, LightningIndexer, dsa_flops_per_token
 
 torch.set_num_threads(1)
 T = 12  # index_topk = 4 of 12 keys: the indexer decides
@@ -78,6 +79,54 @@ def test_selection_is_the_top_k_of_causal_scores():
                 assert seen[picked[:t + 1]].min() >= seen[~picked[:t + 1]].max()
                 ties += seen[picked[:t + 1]].min() == seen[~picked[:t + 1]].max()
     assert ties > 0  # this data has ties at the boundary: torch.topk breaks them, as in transformers
+
+
+def boundary_ties(ours, x):
+    """(B, T) bool: queries whose k-th and (k+1)-th best visible keys score the same (k = 4)."""
+    with torch.no_grad():
+        cos, sin = ours.mla.rotary.cos_sin(torch.arange(x.shape[1]))
+        scores = ours.indexer.scores(x, ours.mla.q_norm(ours.mla.q_down(x)), cos, sin)
+    ranked = scores.masked_fill(~torch.ones(T, T, dtype=torch.bool).tril(), -torch.inf).sort(-1, descending=True).values
+    return ranked[..., 3] == ranked[..., 4]  # -inf == -inf for t < 4 is excluded below
+
+
+def test_earliest_tie_break_equals_transformers_wherever_no_tie_decides():
+    model = deepseek_v32(torch.float64)
+    ids = torch.randint(0, 97, (2, T), generator=torch.Generator().manual_seed(3))
+    x, y = layer_io(model, ids, 0)
+    ours = DeepSeekSparseAttention.from_hf(model.model.layers[0].self_attn, tie_break="earliest")
+    with torch.no_grad():
+        out = ours(x)
+    ties = boundary_ties(ours, x) & (torch.arange(T) >= 4)
+    assert ties.any()  # this data has them
+    assert (out - y)[~ties].abs().max() < 1e-12
+    with pytest.raises(ValueError, match="tie_break must be 'topk'"):
+        DeepSeekSparseAttention.from_hf(model.model.layers[0].self_attn, tie_break="latest")
+
+
+def test_cached_equals_uncached():
+    """Prefill 7 tokens, then 5 steps of one: the same outputs as all 12 at once, in two layers sharing a cache
+    that grows by r + D_R + D_I numbers per token and layer. Ties at the k-th place are broken the same way
+    whatever the length (tie_break="earliest"); this data has some."""
+    model = deepseek_v32(torch.float64)
+    layers = [DeepSeekSparseAttention.from_hf(model.model.layers[i].self_attn, tie_break="earliest") for i in (0, 1)]
+    x = torch.randn(2, T, 64, dtype=torch.float64, generator=torch.Generator().manual_seed(5))
+    cache, sizes = IndexedLatentCache(), []
+    with torch.no_grad():
+        full = [m(x) for m in layers]
+        pieces = [[m(x[:, :7], cache) for m in layers]]
+        for t in range(7, T):
+            pieces.append([m(x[:, t:t + 1], cache) for m in layers])
+            sizes.append(cache.nbytes)
+    for i in (0, 1):
+        torch.testing.assert_close(torch.cat([p[i] for p in pieces], dim=1), full[i], rtol=0, atol=1e-12)
+    assert (boundary_ties(layers[0], x) & (torch.arange(T) >= 4)).any()
+    per_token = 2 * 2 * (16 + 8 + 16) * 8  # layers · B · (r + D_R + D_I) · 8 bytes
+    assert sizes == [per_token * t for t in range(8, T + 1)] and cache.seq_len == T
+    with pytest.raises(TypeError, match="cache must be an attnlib IndexedLatentCache"):
+        layers[0](x, LatentCache())
+    with pytest.raises(ValueError, match=r"indexer keys of shape \(1, 1, 16\).*start a new IndexedLatentCache"):
+        layers[0](x[:1, :1], cache)
 
 
 def test_flop_count_matches_what_the_operations_do():
