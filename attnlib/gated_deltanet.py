@@ -97,13 +97,20 @@ class GatedDeltaNet(nn.Module):
         state.conv = mixed[..., mixed.shape[-1] - state.conv.shape[-1]:]              # (B, C, K - 1)
         return F.silu(self.conv1d(mixed)).transpose(1, 2)                            # (B, C, T) -> (B, T, C)
 
-    def forward(self, x: torch.Tensor, state: GatedDeltaNetState | None = None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, state: GatedDeltaNetState | None = None, *,
+                valid: torch.Tensor | None = None) -> torch.Tensor:
         """x (B, T, D) -> (B, T, D) for positions state.seq_len.. (0.. without a state); the state is updated
-        in place. One token with a state takes the recurrent form, anything else the chunked form."""
+        in place. One token with a state takes the recurrent form, anything else the chunked form.
+        valid (B, T), 1/True = real token: padding is zeroed first (as transformers does), so left padding
+        leaves the state at zero."""
         require_float_tensor(x, "x")
         if x.dim() != 3 or x.shape[-1] != self.d_model:
             raise ValueError(f"x of shape {fmt_shape(x.shape)} is not (B, T, D) with D={self.d_model}")
         B, T, _ = x.shape
+        if valid is not None:
+            if valid.shape != (B, T):
+                raise ValueError(f"valid of shape {fmt_shape(valid.shape)} is not (B, T) = {(B, T)}")
+            x = x * valid[..., None].to(x.dtype)                                         # (B, T, D)
         stepping = state is not None and T == 1
         if state is None:
             state = self.empty_state(B)

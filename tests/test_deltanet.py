@@ -86,18 +86,18 @@ def qwen35(seed=0, dtype=torch.float32) -> Qwen3_5ForCausalLM:
     return model
 
 
-def layer_io(model, ids):
-    """The linear layer's input and output inside the model's full forward pass."""
+def layer_io(model, ids, attention_mask=None):
+    """The linear layer's input, output and padding mask inside the model's full forward pass."""
     seen = {}
 
     def hook(module, args, kwargs, out):
-        seen["x"], seen["y"] = kwargs["hidden_states"], out
+        seen["x"], seen["y"], seen["mask"] = kwargs["hidden_states"], out, kwargs.get("attention_mask")
 
     handle = model.model.layers[0].linear_attn.register_forward_hook(hook, with_kwargs=True)
     with torch.no_grad():
-        model(ids)
+        model(ids, attention_mask=attention_mask)
     handle.remove()
-    return seen["x"], seen["y"]
+    return seen["x"], seen["y"], seen["mask"]
 
 
 @pytest.fixture(scope="module")
@@ -107,12 +107,28 @@ def model():
 
 def test_layer_equals_transformers_inside_its_model(model):
     ids = torch.randint(0, 97, (2, 150), generator=torch.Generator().manual_seed(1))
-    x, y = layer_io(model, ids)
+    x, y, _ = layer_io(model, ids)
     ours = GatedDeltaNet.from_hf(model.model.layers[0].linear_attn)
     with torch.no_grad():
         diff = (ours(x) - y).abs().max().item()
     assert diff < 1e-5, diff
     assert y.abs().max() > 0.1  # a meaningful output, not zeros
+
+
+def test_left_padding_equals_transformers(model):
+    ids = torch.randint(0, 97, (2, 80), generator=torch.Generator().manual_seed(3))
+    valid = torch.ones(2, 80, dtype=torch.long)
+    valid[1, :13] = 0  # row 1 is left-padded by 13 tokens
+    x, y, mask = layer_io(model, ids, valid)
+    assert torch.equal(mask, valid)
+    ours = GatedDeltaNet.from_hf(model.model.layers[0].linear_attn)
+    with torch.no_grad():
+        padded = ours(x, valid=valid)
+        alone = ours(x[1:, 13:])  # the padded row's real tokens, without padding
+    assert (padded - y).abs().max() < 1e-5
+    assert (padded[1:, 13:] - alone).abs().max() < 1e-5  # padding leaves no trace
+    with pytest.raises(ValueError, match=r"valid of shape \(2, 79\) is not \(B, T\) = \(2, 80\)"):
+        ours(x, valid=valid[:, 1:])
 
 
 def test_prefill_then_steps_equal_the_full_forward(model):
