@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import torch
 
-from attnlib._checks import fmt_shape, require_float_tensor
+from attnlib._checks import fmt_shape, require_count, require_float_tensor
 
 __all__ = ["l2_normalize", "gated_delta_rule_recurrent", "gated_delta_rule_chunked"]
 
@@ -40,7 +40,7 @@ def _check(q, k, v, beta, g, state) -> tuple[torch.Tensor, torch.Tensor]:
     if q.shape != k.shape or k.dim() != 4 or v.shape[:-1] != (B, H, T):
         raise ValueError(f"q of shape {fmt_shape(q.shape)}, k of shape {fmt_shape(k.shape)} and v of shape "
                          f"{fmt_shape(v.shape)} do not fit: expected q and k (B, H, T, Dk), v (B, H, T, Dv)")
-    g = torch.zeros_like(beta) if g is None else g
+    g = torch.zeros_like(beta) if g is None else require_float_tensor(g, "g")
     for name, t in (("beta", beta), ("g", g)):
         if t.shape != (B, H, T):
             raise ValueError(f"{name} of shape {fmt_shape(t.shape)} is not (B, H, T) = {(B, H, T)}")
@@ -78,8 +78,7 @@ def gated_delta_rule_chunked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, 
     `gated_delta_rule_recurrent`, C = chunk_size tokens per step of the scan over chunks. The sequence is
     padded with tokens of k = v = 0, β = 0, g = 0, which leave the state unchanged."""
     g, S = _check(q, k, v, beta, g, initial_state)
-    if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
-        raise ValueError(f"chunk_size must be a positive int, got {chunk_size!r}")
+    require_count(chunk_size, "chunk_size", 1, "tokens per chunk")
     B, H, T, Dk = k.shape
     C, scale = chunk_size, Dk ** -0.5 if scale is None else scale
     pad = -T % C
@@ -89,11 +88,12 @@ def gated_delta_rule_chunked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, 
     beta, g = beta.unflatten(2, (-1, C)), g.unflatten(2, (-1, C))    # (B, H, N, C)
     log_gamma = g.cumsum(-1)                                         # (B, H, N, C): log Γ_i within each chunk
     later = torch.ones(C, C, dtype=torch.bool, device=q.device).triu(1)  # j > i
-    ratio = (log_gamma[..., :, None] - log_gamma[..., None, :]).masked_fill(later, -torch.inf).exp()  # Γ_i/Γ_j, 0 for j > i
+    ratio = (log_gamma[..., :, None] - log_gamma[..., None, :]).masked_fill(later, -torch.inf)
+    ratio = ratio.exp()                                              # (B, H, N, C, C): Γ_i/Γ_j, 0 for j > i
     eye = torch.eye(C, dtype=k.dtype, device=k.device)
     A = (beta[..., None] * (k @ k.transpose(-1, -2)) * ratio).tril(-1)   # (B, H, N, C, C) strictly lower
-    W = torch.linalg.solve_triangular(A + eye, torch.cat((beta[..., None] * v, (beta * log_gamma.exp())[..., None] * k), -1),
-                                      upper=False, unitriangular=True)   # (I + A)⁻¹ [βV | βΓK]: (B, H, N, C, Dv + Dk)
+    rhs = torch.cat((beta[..., None] * v, (beta * log_gamma.exp())[..., None] * k), dim=-1)  # [βV | βΓK]
+    W = torch.linalg.solve_triangular(A + eye, rhs, upper=False, unitriangular=True)  # (B, H, N, C, Dv + Dk)
     u_v, u_k = W.split([v.shape[-1], Dk], dim=-1)                     # U = u_v - u_k S_0
     scores = (q @ k.transpose(-1, -2)) * ratio * scale                # (B, H, N, C, C): (Γ_i/Γ_j) q_i·k_j, j ≤ i
     q_decayed = q * log_gamma.exp()[..., None] * scale                # Γ_i q_i: reads S_0

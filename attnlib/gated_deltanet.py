@@ -60,7 +60,8 @@ class GatedDeltaNet(nn.Module):
             raise ValueError(f"num_v_heads={num_v_heads} is not a multiple of num_k_heads={num_k_heads}: each "
                              f"query/key head serves num_v_heads / num_k_heads value heads")
         self.d_model, self.num_k_heads, self.num_v_heads = d_model, num_k_heads, num_v_heads
-        self.head_k_dim, self.head_v_dim, self.chunk_size, self.layer_idx = head_k_dim, head_v_dim, chunk_size, layer_idx
+        self.head_k_dim, self.head_v_dim = head_k_dim, head_v_dim
+        self.chunk_size, self.layer_idx = chunk_size, layer_idx
         self.key_dim, self.value_dim = num_k_heads * head_k_dim, num_v_heads * head_v_dim
         self.conv_dim = 2 * self.key_dim + self.value_dim                # C: channels of q, k and v
         self.in_proj_qkv = nn.Linear(d_model, self.conv_dim, bias=False)
@@ -83,9 +84,11 @@ class GatedDeltaNet(nn.Module):
     def _check_state(self, state: GatedDeltaNetState, B: int) -> None:
         if not isinstance(state, GatedDeltaNetState):
             raise TypeError(f"state must be a GatedDeltaNetState (from empty_state), got {type(state).__name__}")
-        empty = self.empty_state(B)
-        for name in ("conv", "recurrent"):
-            got, want = getattr(state, name).shape, getattr(empty, name).shape
+        K = self.conv1d.kernel_size[0]
+        expected = {"conv": (B, self.conv_dim, K - 1),
+                    "recurrent": (B, self.num_v_heads, self.head_k_dim, self.head_v_dim)}
+        for name, want in expected.items():
+            got = getattr(state, name).shape
             if got != want:
                 raise ValueError(f"state.{name} of shape {fmt_shape(got)} does not fit this layer: expected "
                                  f"{fmt_shape(want)} (a state from another model or batch size?)")

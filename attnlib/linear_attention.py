@@ -43,7 +43,8 @@ class LinearAttentionState:
     def zeros(cls, B: int, H: int, Dk: int, Dv: int, *, dtype: torch.dtype = torch.float32,
               device: torch.device | str | None = None) -> LinearAttentionState:
         """The state before any token: S = 0, z = 0."""
-        return cls(torch.zeros(B, H, Dk, Dv, dtype=dtype, device=device), torch.zeros(B, H, Dk, dtype=dtype, device=device))
+        return cls(torch.zeros(B, H, Dk, Dv, dtype=dtype, device=device),
+                   torch.zeros(B, H, Dk, dtype=dtype, device=device))
 
     @property
     def nbytes(self) -> int:
@@ -109,6 +110,7 @@ def linear_attention_recurrent(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     _check_qkv(q, k, v, seq_dim=True)
     outs = []
     for t in range(q.shape[-2]):
-        out, state = linear_attention_step(state, q[..., t, :], k[..., t, :], v[..., t, :], feature_map=feature_map, eps=eps)
+        out, state = linear_attention_step(state, q[..., t, :], k[..., t, :], v[..., t, :],
+                                           feature_map=feature_map, eps=eps)
         outs.append(out)
     return torch.stack(outs, dim=-2), state                         # (B, H, T, Dv)

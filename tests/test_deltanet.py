@@ -67,7 +67,7 @@ def test_rule_bad_input():
         gated_delta_rule_recurrent(q, k, v, beta, g, initial_state=S0.mT)
     with pytest.raises(ValueError, match=r"beta of shape \(2, 100, 3\)"):
         gated_delta_rule_chunked(q, k, v, beta.transpose(1, 2), g)
-    with pytest.raises(ValueError, match="chunk_size must be a positive int"):
+    with pytest.raises(ValueError, match=r"chunk_size must be an int >= 1"):
         gated_delta_rule_chunked(q, k, v, beta, g, chunk_size=0)
 
 
@@ -151,7 +151,8 @@ def test_layer_bad_input(model):
         GatedDeltaNet(64, 4, 6, 16, 16)
     m = GatedDeltaNet.from_hf(model.model.layers[0].linear_attn)
     other = GatedDeltaNet(64, 2, 2, 16, 16).empty_state(1)  # another model's state
-    with pytest.raises(ValueError, match=r"state.conv of shape \(1, 96, 3\) does not fit this layer: expected \(1, 128, 3\)"):
+    with pytest.raises(ValueError, match=r"state.conv of shape \(1, 96, 3\) does not fit this layer: "
+                                         r"expected \(1, 128, 3\)"):
         m(torch.randn(1, 1, 64), other)
     with pytest.raises(ValueError, match=r"state.conv of shape \(2, 128, 3\).*expected \(1, 128, 3\)"):
         m(torch.randn(1, 1, 64), m.empty_state(2))
