@@ -122,6 +122,12 @@ def test_delta_rule_accepts_correct_answers(answer):
     assert result.passed, result
 
 
+def plus_prediction(S, k, v, beta, alpha):                     # a sign slip: v + α Sᵀ k̂
+    k = k / k.norm(dim=-1, keepdim=True)
+    S = alpha[..., None, None] * S
+    return S + k[..., :, None] * (beta[..., None] * (v + (k[..., None, :] @ S).squeeze(-2)))[..., None, :]
+
+
 def _delta(norm=True, decay="before", predict="decayed", use_beta=True, subtract=True, gate=lambda a: a):
     def update(S, k, v, beta, alpha):
         k = k / k.norm(dim=-1, keepdim=True) if norm else k
@@ -143,6 +149,9 @@ def _delta(norm=True, decay="before", predict="decayed", use_beta=True, subtract
     (_delta(use_beta=False), ["β missing"]),
     (_delta(subtract=False), ["additive rule"]),
     (_delta(gate=lambda a: 1 - a), ["1 - α"]),
+    (_delta(gate=torch.exp), ["log-gate"]),
+    (lambda S, k, v, beta, alpha: delta_book(S, k, v / v.norm(dim=-1, keepdim=True), beta, alpha), ["v normalised"]),
+    (lambda S, k, v, beta, alpha: plus_prediction(S, k, v, beta, alpha), ["prediction added"]),
     (lambda S, k, v, beta, alpha: delta_book(S, k, v, beta, alpha).mT, ["transpose of the state"]),
     (lambda S, k, v, beta, alpha: delta_book(S, k, v, beta, alpha).half(), ["half precision"]),
     (lambda S, k, v, beta, alpha: delta_book(S, k, v, beta, alpha)[0], ["has shape (3, 5, 4)"]),

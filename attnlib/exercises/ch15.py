@@ -29,7 +29,8 @@ def _shaped(got: torch.Tensor, what: str, shape: tuple[int, ...], transposed: to
     """got of `shape`; the (Dv, Dk) transpose of the right state is named, any other shape is a CandidateError."""
     if tuple(got.shape) == tuple(transposed.shape) and matching(got, {"": transposed}):
         raise CandidateError(f"{what} is the transpose of the state: S is (Dk, Dv), keys along the rows, so a "
-                             f"write is the outer product φ(k) vᵀ = k[..., :, None] * v[..., None, :] and a read is Sᵀ q")
+                             f"write is the outer product φ(k) vᵀ = k[..., :, None] * v[..., None, :] and a read "
+                             f"is Sᵀ q")
     return as_tensor(got, what, shape=shape)
 
 
@@ -74,8 +75,10 @@ def check_linear_attention_step(fn: Callable) -> str:
         want_out, want_S, want_z = _step(S, z, q, k, v)
         S_got = _shaped(_tensor(S_got, f"{what}: S_new"), f"{what}: S_new", want_S.shape, want_S.transpose(-1, -2))
         expect_close(S_got, want_S, f"{what}: S_new", atol=1e-4, mistakes={
-            "the raw key written (k vᵀ): apply the feature map first, φ(k) = elu(k) + 1": _step(S, z, q, k, v, lambda x: x)[1],
-            "φ(k) = exp(k), softmax's kernel: linear attention's φ here is elu(x) + 1": _step(S, z, q, k, v, torch.exp)[1],
+            "the raw key written (k vᵀ): apply the feature map first, φ(k) = elu(k) + 1":
+                _step(S, z, q, k, v, lambda x: x)[1],
+            "φ(k) = exp(k), softmax's kernel: linear attention's φ here is elu(x) + 1":
+                _step(S, z, q, k, v, torch.exp)[1],
             "the state not carried over: S_new = φ(k) vᵀ forgets every earlier token": _step(S * 0, z, q, k, v)[1],
             "φ applied to v as well: values are stored as they are": S + elu_feature_map(k)[..., :, None]
             * elu_feature_map(v)[..., None, :],
@@ -130,7 +133,8 @@ def check_delta_rule_update(fn: Callable) -> str:
         want = _delta(S, k, v, beta, alpha)
         got = _shaped(_tensor(got, what), what, want.shape, want.transpose(-1, -2))
         mistakes = {
-            "k not normalised: Gated DeltaNet writes along k / ‖k‖ (with ‖k‖ ≠ 1, I - β k kᵀ no longer only "
+            "k not normalised: Gated DeltaNet writes along k / ‖k‖ (with ‖k‖ ≠ 1, I - β k kᵀ no longer "
+            "only "
             "replaces the value stored along k)": _delta(S, k, v, beta, alpha, norm=False),
             "the state not decayed: α never multiplies S": _delta(S, k, v, beta, torch.ones_like(alpha)),
             "the gate applied after the write (α (S + k̂ δᵀ)): the old state decays, then the new value is "
@@ -141,6 +145,11 @@ def check_delta_rule_update(fn: Callable) -> str:
             "the additive rule (S + k̂ β vᵀ): the delta rule writes the difference v - Sᵀ k̂":
                 _delta(S, k, v, beta, alpha, subtract=False),
             "the gate used as 1 - α": _delta(S, k, v, beta, 1 - alpha),
+            "α taken as a log-gate (exp(alpha)): alpha is the gate itself, in (0, 1]":
+                _delta(S, k, v, beta, alpha.exp()),
+            "the prediction added, not subtracted (v + α Sᵀ k̂): the write is the error v - α Sᵀ k̂":
+                _delta(-S, k, v, beta, alpha) + 2 * alpha[..., None, None] * S,
+            "v normalised too: only the key is L2-normalised": _delta(S, k, l2_normalize(v), beta, alpha),
         }
         expect_close(got, want, what, atol=1e-6, mistakes=mistakes)
         S = want

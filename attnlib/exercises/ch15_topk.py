@@ -89,7 +89,8 @@ def _mistakes(scores: torch.Tensor, k: int) -> dict[str, torch.Tensor]:
     T = scores.shape[-1]
     causal, right = _causal(T), _top(scores, k, _causal(T))
     return {
-        "the causal mask off by one: query i may keep key i + 1, the next token": _top(scores, k, torch.ones(T, T, dtype=torch.bool).tril(1)),
+        "the causal mask off by one: query i may keep key i + 1, the next token":
+            _top(scores, k, torch.ones(T, T, dtype=torch.bool).tril(1)),
         "the diagonal masked: a query may keep its own key (j <= i)": _top(scores, k, causal.tril(-1)),
         "no causal mask: keys after the query are kept": _top(scores, k, None),
         "the top k over all keys, masked afterwards: take the top k among the visible keys (mask with -inf first)":
