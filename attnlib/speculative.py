@@ -26,6 +26,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from attnlib._checks import require_count
 from attnlib.caches import KVCache
 from attnlib.decoder import check_token_ids
 from attnlib.generation import _check_sampling, _eos_ids, process_logits, sample_probs
@@ -87,11 +88,13 @@ def _takes_last_only(cls: type) -> bool:
     return "last_only" in inspect.signature(cls.forward).parameters
 
 
-def _forward(decoder: torch.nn.Module, ids: torch.Tensor, cache: object, last_only: bool) -> torch.Tensor:
-    """decoder(ids (1, T), cache) -> logits (1, T or 1, V); only the last row when last_only and supported."""
+def _forward(decoder: torch.nn.Module, ids: torch.Tensor, cache: object, last_only: bool,
+             **kwargs: object) -> torch.Tensor:
+    """decoder(ids (B, T), cache, **kwargs) -> logits (B, T or 1, V): the last row only when last_only and
+    the decoder can (LlamaDecoder's last_only skips the vocabulary projection of the others)."""
     if last_only and _takes_last_only(type(decoder)):
-        return decoder(ids, cache, last_only=True)
-    return decoder(ids, cache)
+        kwargs["last_only"] = True
+    return decoder(ids, cache, **kwargs)
 
 
 class _DecoderDraft:
@@ -136,9 +139,8 @@ def _check_args(target: torch.nn.Module, draft: object, input_ids: torch.Tensor,
     if input_ids.shape[0] != 1:
         raise ValueError(f"input_ids of shape (B={input_ids.shape[0]}, T={input_ids.shape[1]}) is not (1, T): "
                          f"speculative decoding runs one sequence")
-    for name, value, low in (("max_new_tokens", max_new_tokens, 0), ("num_draft_tokens", num_draft_tokens, 1)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < low:
-            raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
+    require_count(max_new_tokens, "max_new_tokens", 0, "new tokens at most")
+    require_count(num_draft_tokens, "num_draft_tokens", 1, "tokens drafted per target forward")
     V = _vocab_size(target, "target")
     if not isinstance(draft, PromptLookup) and _vocab_size(draft, "draft (or an attnlib.PromptLookup)") != V:
         raise ValueError(f"draft has a vocabulary of {draft.embed.num_embeddings} tokens but target has {V}: "
