@@ -16,7 +16,7 @@ from attnlib.mla import MultiHeadLatentAttention
 from attnlib.pretrained import load_smollm2
 from attnlib.tiled import tiled_attention
 from attnlib.transformer import Transformer
-from attnlib.prompt_lookup import PromptLookup  # chapter 16: serving
+from attnlib.drafts import PromptLookup  # chapter 16: serving
 from attnlib.speculative import speculative_generate
 from attnlib.serving import serve
 from attnlib import exercises  # noqa: E402  (after the modules its checkers compare against)

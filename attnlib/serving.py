@@ -11,7 +11,9 @@ max_batch_size requests and the pool can hold it at its longest beside the runni
 sum of ceil((prompt + max_new - 1) / block_size) <= max_blocks. So no request is ever preempted,
 while blocks are still taken only as sequences grow (what the pool's occupancy shows). A joining
 request's prefill runs as its own forward (batch of one, the whole prompt), which gives its first
-token; from then on it decodes with the batch. Greedy decoding: each output equals generate's alone.
+token; from then on it decodes with the batch. Greedy decoding: each output equals generate's alone
+(a batched, padded forward computes the same logits up to float rounding, so only a near tie between
+two tokens could part them).
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ import torch
 from attnlib._checks import require_count
 from attnlib.caches import PagedKVCache
 from attnlib.generation import _eos_ids
-from attnlib.speculative import _forward, _vocab_size
+from attnlib.drafts import forward_logits, vocab_size
 
 __all__ = ["serve", "ServeStats"]
 
@@ -56,7 +58,7 @@ class ServeStats:
 def _check(decoder: torch.nn.Module, prompts: object, max_new_tokens: object, max_batch_size: int,
            block_size: int) -> list[int]:
     """max_new_tokens as one int per prompt, after a ValueError naming any bad argument."""
-    V = _vocab_size(decoder, "decoder")
+    V = vocab_size(decoder, "decoder")
     if not isinstance(prompts, Sequence) or len(prompts) == 0:
         got = "an empty list" if isinstance(prompts, Sequence) else f"a {type(prompts).__name__}"
         raise ValueError(f"prompts must be a non-empty list of 1-D token id tensors, got {got}")
@@ -119,14 +121,14 @@ def serve(decoder: torch.nn.Module, prompts: Sequence[torch.Tensor], max_new_tok
         while waiting and len(running) < max_batch_size and reserved + needs[waiting[0]] <= max_blocks:
             r = waiting.popleft()                                 # joins: its prefill alone gives its first token
             running[r], reserved, stats.joined[r] = cache.add_sequence(), reserved + needs[r], len(stats.batches)
-            logits = _forward(decoder, prompts[r][None], cache.batch([running[r]]), True)  # (1, 1 or T, V)
+            logits = forward_logits(decoder, prompts[r][None], cache.batch([running[r]]), True)  # (1, 1 or T, V)
             emit(r, int(logits[0, -1].argmax()))
         if not running:
             continue
         batch_ids = list(running)                                 # one forward, one new token per request
         batch = cache.batch([running[r] for r in batch_ids])
         last = torch.tensor([new[r][-1] for r in batch_ids])[:, None]           # (B, 1)
-        logits = _forward(decoder, last, batch, True, attention_mask=batch.attention_mask(1))  # (B, 1, V)
+        logits = forward_logits(decoder, last, batch, True, attention_mask=batch.attention_mask(1))  # (B, 1, V)
         for r, token in zip(batch_ids, logits[:, -1].argmax(dim=-1).tolist()):
             emit(r, token)
         stats.batches.append(batch_ids)

@@ -18,8 +18,6 @@ to the accepted tokens after each round.
 
 from __future__ import annotations
 
-import functools
-import inspect
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -27,10 +25,9 @@ import torch
 import torch.nn.functional as F
 
 from attnlib._checks import require_count
-from attnlib.caches import KVCache
 from attnlib.decoder import check_token_ids
+from attnlib.drafts import DecoderDraft, LookupDraft, PromptLookup, croppable_cache, forward_logits, vocab_size
 from attnlib.generation import _check_sampling, _eos_ids, process_logits, sample_probs
-from attnlib.prompt_lookup import PromptLookup
 
 __all__ = ["speculative_generate", "accept_reject", "SpeculativeStats"]
 
@@ -75,61 +72,21 @@ def accept_reject(p: torch.Tensor, q: torch.Tensor, drafts: torch.Tensor,
     return accepted, sample_probs(residual, generator)
 
 
-def _vocab_size(decoder: object, name: str) -> int:
-    embed = getattr(decoder, "embed", None)
-    if not isinstance(decoder, torch.nn.Module) or not hasattr(embed, "num_embeddings"):
-        raise TypeError(f"{name} must be a decoder with an `embed` nn.Embedding (an attnlib.LlamaDecoder), "
-                        f"got {type(decoder).__name__}")
-    return embed.num_embeddings
+def _verify(logits: torch.Tensor, drafts: torch.Tensor, q: torch.Tensor | None, sampling: dict | None,
+            generator: torch.Generator | None) -> tuple[int, torch.Tensor]:
+    """The target's logits (k + 1, V) against drafts (k,) -> (drafts accepted, the token after them).
 
-
-@functools.cache
-def _takes_last_only(cls: type) -> bool:
-    return "last_only" in inspect.signature(cls.forward).parameters
-
-
-def _forward(decoder: torch.nn.Module, ids: torch.Tensor, cache: object, last_only: bool,
-             **kwargs: object) -> torch.Tensor:
-    """decoder(ids (B, T), cache, **kwargs) -> logits (B, T or 1, V): the last row only when last_only and
-    the decoder can (LlamaDecoder's last_only skips the vocabulary projection of the others)."""
-    if last_only and _takes_last_only(type(decoder)):
-        kwargs["last_only"] = True
-    return decoder(ids, cache, **kwargs)
-
-
-class _DecoderDraft:
-    """A draft model with its own KV cache: proposes k tokens, one forward each, from q = its processed softmax."""
-
-    def __init__(self, decoder: torch.nn.Module, sampling: dict | None, generator: torch.Generator | None) -> None:
-        self.decoder, self.sampling, self.generator = decoder, sampling, generator
-        self.cache = decoder.make_cache() if hasattr(decoder, "make_cache") else KVCache()
-
-    def propose(self, tokens: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """tokens (1, L) -> drafts (k,) and q (k, V) (None when greedy)."""
-        fed, drafts, qs = tokens[:, self.cache.seq_len:], [], []   # first the tokens it has not cached
-        for _ in range(k):
-            logits = _forward(self.decoder, fed, self.cache, True)[:, -1]  # (1, V)
-            if self.sampling is None:
-                fed = logits.argmax(dim=-1, keepdim=True)                  # (1, 1)
-            else:
-                qs.append(process_logits(logits, **self.sampling).softmax(dim=-1))
-                fed = sample_probs(qs[-1], self.generator)[:, None]
-            drafts.append(fed[0])
-        return torch.cat(drafts) if drafts else tokens.new_empty(0), torch.cat(qs) if qs else None
-
-    def rollback(self, seq_len: int) -> None:
-        self.cache.crop(min(seq_len, self.cache.seq_len))
-
-
-class _LookupDraft:
-    def __init__(self, lookup: PromptLookup) -> None:
-        self.lookup = lookup
-
-    def propose(self, tokens: torch.Tensor, k: int) -> tuple[torch.Tensor, None]:
-        return self.lookup.propose(tokens[0], k), None
-
-    def rollback(self, seq_len: int) -> None:
-        pass
+    Greedy: the drafts up to the first that is not the target's argmax, then the argmax there. Sampled:
+    accept_reject on p = the processed softmax and q (None: the point mass of a deterministic draft).
+    """
+    if sampling is None:
+        best = logits.argmax(dim=-1)                                                   # (k + 1,)
+        accepted = int((drafts == best[:len(drafts)]).long().cumprod(0).sum())
+        return accepted, best[accepted]
+    p = process_logits(logits, **sampling).softmax(dim=-1)                              # (k + 1, V)
+    q = F.one_hot(drafts, p.shape[-1]).to(p.dtype) if q is None else q.to(p.dtype)     # (k, V)
+    accepted, token = accept_reject(p[None], q[None], drafts[None], generator)
+    return int(accepted[0]), token[0]
 
 
 def _check_args(target: torch.nn.Module, draft: object, input_ids: torch.Tensor, max_new_tokens: int,
@@ -141,8 +98,8 @@ def _check_args(target: torch.nn.Module, draft: object, input_ids: torch.Tensor,
                          f"speculative decoding runs one sequence")
     require_count(max_new_tokens, "max_new_tokens", 0, "new tokens at most")
     require_count(num_draft_tokens, "num_draft_tokens", 1, "tokens drafted per target forward")
-    V = _vocab_size(target, "target")
-    if not isinstance(draft, PromptLookup) and _vocab_size(draft, "draft (or an attnlib.PromptLookup)") != V:
+    V = vocab_size(target, "target")
+    if not isinstance(draft, PromptLookup) and vocab_size(draft, "draft (or an attnlib.PromptLookup)") != V:
         raise ValueError(f"draft has a vocabulary of {draft.embed.num_embeddings} tokens but target has {V}: "
                          f"the draft must share the target's vocabulary")
     for name, model in (("target", target), ("draft", draft)):
@@ -161,16 +118,18 @@ def speculative_generate(target: torch.nn.Module, draft: torch.nn.Module | Promp
                          stats: SpeculativeStats | None = None) -> torch.Tensor:
     """input_ids (1, T) -> (1, T + n), n <= max_new_tokens, distributed as generate(target, ...)'s output.
 
-    Greedy: exactly generate's tokens. Sampled (do_sample, with generate's temperature/top_k/top_p):
-    exactly the target's distribution, drafts accepted by the rule of accept_reject. draft: a decoder
-    with the target's vocabulary, or a PromptLookup. stats, if given, counts target calls and drafts.
+    Greedy: exactly generate's tokens (the target scores k + 1 tokens per forward where generate scores
+    one: the logits agree to float rounding, so only a near tie between two tokens could part them).
+    Sampled (do_sample, with generate's temperature/top_k/top_p): exactly the target's distribution,
+    drafts accepted by the rule of accept_reject. draft: a decoder with the target's vocabulary, or a
+    PromptLookup. stats, if given, counts target calls and drafts.
     """
     V = _check_args(target, draft, input_ids, max_new_tokens, num_draft_tokens)
     _check_sampling(do_sample, temperature, top_k, top_p, generator)
     eos = _eos_ids(eos_token_id, V)
     sampling = dict(temperature=temperature, top_k=top_k, top_p=top_p) if do_sample else None
-    drafter = _LookupDraft(draft) if isinstance(draft, PromptLookup) else _DecoderDraft(draft, sampling, generator)
-    cache = target.make_cache() if hasattr(target, "make_cache") else KVCache()
+    drafter = LookupDraft(draft) if isinstance(draft, PromptLookup) else DecoderDraft(draft, sampling, generator)
+    cache = croppable_cache(target, "target")
     stats = SpeculativeStats() if stats is None else stats
     T = input_ids.shape[1]
     out = input_ids.new_empty(1, T + max_new_tokens)         # (1, T + new): the prompt, then the new tokens
@@ -179,17 +138,9 @@ def speculative_generate(target: torch.nn.Module, draft: torch.nn.Module | Promp
         drafts, q = drafter.propose(out[:, :L], min(num_draft_tokens, T + max_new_tokens - L - 1))
         k = len(drafts)
         if L - 1 > cache.seq_len:                             # the prompt's prefill, all but its last token
-            _forward(target, out[:, cache.seq_len:L - 1], cache, True)
+            forward_logits(target, out[:, cache.seq_len:L - 1], cache, True)
         logits = target(torch.cat((out[0, L - 1:L], drafts))[None], cache)[0]  # (k + 1, V): p_1 .. p_{k+1}
-        if sampling is None:
-            best = logits.argmax(dim=-1)                      # (k + 1,)
-            accepted = int((drafts == best[:k]).long().cumprod(0).sum())
-            token = best[accepted]
-        else:
-            p = process_logits(logits, **sampling).softmax(dim=-1)                   # (k + 1, V)
-            q = F.one_hot(drafts, V).to(p.dtype) if q is None else q.to(p.dtype)     # (k, V): a point mass if deterministic
-            accepted, token = (t[0] for t in accept_reject(p[None], q[None], drafts[None], generator))
-            accepted = int(accepted)
+        accepted, token = _verify(logits, drafts, q, sampling, generator)
         new = torch.cat((drafts[:accepted], token.view(1)))   # (accepted + 1,)
         if eos is not None and torch.isin(new, eos).any():    # stop after the first eos
             new = new[:int(torch.isin(new, eos).long().argmax()) + 1]
