@@ -119,7 +119,7 @@ class LookupDraft:
         self.lookup = lookup
 
     def propose(self, tokens: torch.Tensor, k: int) -> tuple[torch.Tensor, None]:
-        return self.lookup.propose(tokens[0], k), None
+        return self.lookup.propose(tokens[0], k).long(), None   # int64, as the target's choices
 
     def rollback(self, seq_len: int) -> None:
         pass

@@ -216,6 +216,9 @@ def test_sampling_is_reproducible_and_top_k_1_is_greedy(models):
     greedy = speculative_generate(target, models["noisy"], x, 20, do_sample=True, top_k=1,
                                   generator=torch.Generator().manual_seed(0))
     assert torch.equal(greedy, generate(target, x, 20))
+    as_int32 = speculative_generate(target, models["lookup"], x.int(), 20, do_sample=True, generator=torch.Generator().manual_seed(1))
+    as_int64 = speculative_generate(target, models["lookup"], x, 20, do_sample=True, generator=torch.Generator().manual_seed(1))
+    assert as_int32.dtype == torch.int32 and torch.equal(as_int32.long(), as_int64)
 
 
 # --- the pieces -------------------------------------------------------------------------------------
