@@ -28,9 +28,9 @@ class PagedKVCache(LayeredCache):
     Each layer has a pool of blocks (num_blocks, block_size, H_kv, Dh) for keys and one for values; all
     layers share the block table (B, blocks per sequence), as in vLLM. Blocks are handed out in order
     (blocks given back first), so the blocks of one sequence are not contiguous. max_blocks bounds the
-    pool (None: it grows as needed); taking a block beyond it is a ValueError. `update` gathers a layer's blocks into
-    (B, H_kv, S, Dh): the same values, bit for bit, as KVCache returns. (A PagedAttention kernel reads
-    the blocks in place instead of gathering them.)
+    pool (None: it grows as needed); taking a block beyond it is a ValueError. `update` gathers a
+    layer's blocks into (B, H_kv, S, Dh): the same values, bit for bit, as KVCache returns. (A
+    PagedAttention kernel reads the blocks in place instead of gathering them.)
     """
 
     def __init__(self, block_size: int = 16, *, max_blocks: int | None = None) -> None:
@@ -113,7 +113,7 @@ class PagedKVCache(LayeredCache):
         Returns everything that layer has cached, gathered from its blocks: (B, H_kv, S_past + S_new, Dh)
         and (..., Dv).
         """
-        if self._blocks:
+        if self._next_seq:
             raise ValueError("this PagedKVCache holds independent sequences (add_sequence): run them "
                              "through cache.batch(seqs), not update")
         if self._check(layer_idx, k, v):
