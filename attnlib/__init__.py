@@ -16,9 +16,13 @@ from attnlib.mla import MultiHeadLatentAttention
 from attnlib.pretrained import load_smollm2
 from attnlib.tiled import tiled_attention
 from attnlib.transformer import Transformer
+from attnlib.drafts import PromptLookup  # chapter 16: serving
+from attnlib.speculative import speculative_generate
+from attnlib.serving import serve
 from attnlib import exercises  # noqa: E402  (after the modules its checkers compare against)
 
 __all__ = ["softmax", "attention", "masks", "MultiHeadAttention", "KVCache", "tiled_attention",
            "load_minilm", "mean_pool", "LlamaDecoder", "generate", "Transformer", "load_smollm2", "exercises", "positional",
-           "SinkCache", "PagedKVCache", "QuantizedKVCache", "MultiHeadLatentAttention", "LatentCache"]
+           "SinkCache", "PagedKVCache", "QuantizedKVCache", "MultiHeadLatentAttention", "LatentCache",
+           "speculative_generate", "PromptLookup", "serve"]
 __version__ = "0.1.0"

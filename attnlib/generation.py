@@ -22,7 +22,7 @@ from attnlib.decode_step import DecodeStep, packed_linears
 from attnlib.caches import Cache, KVCache, SinkCache
 from attnlib.decoder import LlamaDecoder, check_token_ids
 
-__all__ = ["generate", "sample_logits", "top_k_filter", "top_p_filter"]
+__all__ = ["generate", "sample_logits", "process_logits", "sample_probs", "top_k_filter", "top_p_filter"]
 
 
 def top_k_filter(logits: torch.Tensor, k: int) -> torch.Tensor:
@@ -43,13 +43,12 @@ def top_p_filter(logits: torch.Tensor, p: float) -> torch.Tensor:
     return logits.masked_fill(drop, float("-inf"))
 
 
-def sample_logits(logits: torch.Tensor, *, temperature: float = 1.0, top_k: int | None = None,
-                  top_p: float | None = None, generator: torch.Generator | None = None) -> torch.Tensor:
-    """One token per row of logits (B, vocab) -> (B,), drawn from softmax(logits / temperature) after
-    the top_k and top_p filters (in that order, as transformers applies them).
+def process_logits(logits: torch.Tensor, *, temperature: float = 1.0, top_k: int | None = None,
+                   top_p: float | None = None) -> torch.Tensor:
+    """logits (..., vocab) -> the logits sampling draws from: divided by temperature, then the top_k and
+    top_p filters (in that order, as transformers applies them), in float32 at least.
 
-    The draw inverts the cumulative distribution: u ~ U[0, 1) from `generator` (one number per row),
-    and the token is the first whose cumulative probability exceeds u.
+    softmax of the result is the distribution `sample_logits` samples (and speculative decoding keeps).
     """
     logits = logits.to(torch.promote_types(logits.dtype, torch.float32))
     if temperature != 1.0:
@@ -58,11 +57,28 @@ def sample_logits(logits: torch.Tensor, *, temperature: float = 1.0, top_k: int 
         logits = top_k_filter(logits, top_k)
     if top_p is not None and top_p < 1.0:
         logits = top_p_filter(logits, top_p)
-    cdf = logits.softmax(dim=-1).double().cumsum(dim=-1)                           # (B, vocab)
+    return logits
+
+
+def sample_probs(probs: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+    """One token per row of probs (B, vocab) -> (B,); a row need not sum to 1 (it is scaled by its sum).
+
+    The draw inverts the cumulative distribution: u ~ U[0, 1) from `generator` (one number per row),
+    and the token is the first whose cumulative probability exceeds u · total.
+    """
+    cdf = probs.double().cumsum(dim=-1)                                             # (B, vocab)
     u = torch.rand(cdf.shape[0], 1, generator=generator, dtype=torch.float64, device=cdf.device)
     token = torch.searchsorted(cdf, u * cdf[:, -1:], right=True)                   # (B, 1)
     last = torch.searchsorted(cdf, cdf[:, -1:].contiguous())       # the last token whose probability is not 0
     return torch.minimum(token, last).view(-1)          # (u · total rounded up to the total: that one)
+
+
+def sample_logits(logits: torch.Tensor, *, temperature: float = 1.0, top_k: int | None = None,
+                  top_p: float | None = None, generator: torch.Generator | None = None) -> torch.Tensor:
+    """One token per row of logits (B, vocab) -> (B,), drawn from softmax(process_logits(logits)):
+    softmax(logits / temperature) after the top_k and top_p filters."""
+    logits = process_logits(logits, temperature=temperature, top_k=top_k, top_p=top_p)
+    return sample_probs(logits.softmax(dim=-1), generator)
 
 
 def _check_sampling(do_sample: bool, temperature: float, top_k: int | None, top_p: float | None,

@@ -6,8 +6,9 @@ from attnlib.caches._base import Cache, check_cache
 from attnlib.caches.kv import KVCache, cache_bytes
 from attnlib.caches.latent import LatentCache
 from attnlib.caches.paged import PagedKVCache
+from attnlib.caches.paged_batch import PagedBatch
 from attnlib.caches.quantized import QuantizedKVCache, dequantize_int8, quantize_int8
 from attnlib.caches.sink import SinkCache
 
-__all__ = ["Cache", "check_cache", "KVCache", "cache_bytes", "LatentCache", "PagedKVCache", "QuantizedKVCache", "SinkCache",
+__all__ = ["Cache", "check_cache", "KVCache", "cache_bytes", "LatentCache", "PagedKVCache", "PagedBatch", "QuantizedKVCache", "SinkCache",
            "quantize_int8", "dequantize_int8"]

@@ -87,6 +87,18 @@ class KVCache:
         """Positions seen by one layer (0 if that layer has nothing yet)."""
         return self._dropped[layer_idx] + self._len[layer_idx] if layer_idx < len(self._len) else 0
 
+    def crop(self, seq_len: int) -> None:
+        """Keep positions 0 .. seq_len - 1 of every layer and forget the later ones (speculative decoding
+        rolls back rejected draft tokens so). The buffers stay; the next update overwrites the slots.
+        A rolling buffer cannot bring back the positions it dropped: cropping into them is a ValueError."""
+        if isinstance(seq_len, bool) or not isinstance(seq_len, int) or not 0 <= seq_len <= self.seq_len:
+            raise ValueError(f"seq_len must be an int in [0, {self.seq_len}] (the positions to keep), got {seq_len!r}")
+        needed = seq_len if self.sliding_window is None else min(seq_len, self.sliding_window - 1)  # for the next query
+        if seq_len - needed < max(self._dropped, default=0):
+            raise ValueError(f"cannot crop to seq_len={seq_len}: the rolling buffer (sliding_window="
+                             f"{self.sliding_window}) has dropped positions the next token attends to")
+        self._len = [seq_len - dropped for dropped in self._dropped]
+
     def _check(self, layer_idx: int, k: torch.Tensor, v: torch.Tensor) -> None:
         for name, t in (("k", k), ("v", v)):
             require_float_tensor(t, name)
