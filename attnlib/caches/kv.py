@@ -81,9 +81,9 @@ class KVCache:
 
     @property
     def allocated_nbytes(self) -> int:
-        """Bytes of the buffers themselves, spare room included: what the cache takes from memory, where
-        `nbytes` counts the positions kept. Under a sliding window W, at most max(2 (W - 1), 16) positions
-        per layer, whatever the sequence's length."""
+        """Bytes of the buffers themselves, spare room included, which the cache takes from memory (`nbytes`
+        counts the positions kept). Under a sliding window W, at most max(2 (W - 1), 16) positions per
+        layer, whatever the sequence's length."""
         return sum(k.numel() * k.element_size() + v.numel() * v.element_size() for k, v in zip(self._k, self._v))
 
     @property
