@@ -50,6 +50,19 @@ def test_nbytes_counts_the_filled_positions_as_cache_bytes_says():
     assert half.nbytes == cache_bytes(1, 3, 4, 7, batch_size=2, bytes_per_element=2)
 
 
+def test_allocated_nbytes_counts_the_buffers_spare_room_included():
+    cache = KVCache()
+    assert cache.allocated_nbytes == 0
+    cache.update(0, *kv(B=2, H_kv=3, S=20, Dh=4))            # grows to 2 · 20 positions
+    per_position = 2 * 3 * (4 + 4) * 4                        # B · H_kv · (Dh + Dv) · 4 bytes
+    assert cache.nbytes == 20 * per_position and cache.allocated_nbytes == 40 * per_position
+    for step in range(20):                                    # fills the spare room: no growth
+        cache.update(0, *kv(B=2, H_kv=3, S=1, Dh=4, seed=step))
+    assert cache.nbytes == cache.allocated_nbytes == 40 * per_position
+    cache.update(0, *kv(B=2, H_kv=3, S=1, Dh=4))              # full: doubles to 2 · 41 positions
+    assert cache.allocated_nbytes == 82 * per_position
+
+
 def test_cache_bytes_of_a_decoder_equals_its_real_cache():
     dec = LlamaDecoder.from_hf(tiny_llama(heads=8, kv_heads=2, layers=4))
     cache = KVCache()

@@ -101,7 +101,23 @@ def test_rolling_update_returns_the_last_window_minus_one_and_the_new_positions(
         want = list(range(max(0, t - n - 3), t))               # 3 kept positions, then the n new ones
         assert k_all.flatten().tolist() == want and (-v_all).flatten().tolist() == want
         assert cache.seq_len == t and cache.nbytes == min(t, 3) * 2 * 4
-    assert cache._k[0].shape[2] <= 32                          # the buffer stopped growing
+    assert cache.allocated_nbytes == 16 * 2 * 4                # one buffer of max(2 (W - 1), 16) positions
+
+
+@pytest.mark.parametrize("chunks", [[100, 1, 1, 1], [3, 40, 1, 17, 1], [1] * 20 + [50, 1]])
+def test_a_prompt_longer_than_the_buffer_leaves_a_buffer_of_the_rolling_size(chunks):
+    """A chunk longer than max(2 (W - 1), 16) positions: update returns the kept positions and the whole chunk, and
+    keeps only the last W - 1, so the buffer stays that size instead of growing to twice the prompt."""
+    window, t = 10, 0
+    cache = KVCache(sliding_window=window)
+    stream = torch.arange(sum(chunks), dtype=torch.float32).view(1, 1, -1, 1)
+    for n in chunks:
+        k_all, v_all = cache.update(0, stream[:, :, t:t + n], -stream[:, :, t:t + n])
+        t += n
+        want = list(range(max(0, t - n - window + 1), t))      # W - 1 kept positions, then the n new ones
+        assert k_all.flatten().tolist() == want and (-v_all).flatten().tolist() == want
+        assert cache.seq_len == t and cache.nbytes == min(t, window - 1) * 2 * 4
+        assert cache.allocated_nbytes <= 2 * (window - 1) * 2 * 4    # K and V, 4 bytes each
 
 
 def test_a_chunk_that_rolls_a_nearly_empty_buffer_keeps_the_right_positions():
@@ -129,6 +145,18 @@ def test_chunked_prefill_through_the_rolling_cache_equals_at_once(pair):
     assert cache.nbytes == 4 * 2 * 2 * (W - 1) * 2 * 32 * 4    # L · B · H_kv · (W - 1) · (Dh + Dv) · 4 bytes
 
 
+def test_a_long_prompt_through_the_rolling_cache_equals_at_once_and_leaves_bounded_buffers(pair):
+    _, dec = pair
+    x = ids(2, 60, seed=3)
+    with torch.no_grad():
+        whole = dec(x)
+        cache = KVCache()
+        pieces = [dec(x[:, :50], cache)] + [dec(x[:, t:t + 1], cache) for t in range(50, 60)]
+    torch.testing.assert_close(torch.cat(pieces, dim=1), whole, rtol=0, atol=1e-5)
+    per_position = 4 * 2 * 2 * 2 * 32 * 4                     # L · B · H_kv · (Dh + Dv) · 4 bytes
+    assert cache.nbytes == (W - 1) * per_position and cache.allocated_nbytes == 16 * per_position
+
+
 def test_generate_equals_mistral_and_the_cache_stays_bounded(pair):
     hf, dec = pair
     prompt = ids(2, 6, seed=2)
@@ -139,8 +167,8 @@ def test_generate_equals_mistral_and_the_cache_stays_bounded(pair):
         cache = KVCache()
         ours = generate(dec, prompt, n, cache=cache)
         assert torch.equal(ours, theirs[:, :6 + n])
-        bounds.append(cache.nbytes)
-    assert bounds[0] == bounds[1] == 4 * 2 * 2 * (W - 1) * 2 * 32 * 4
+        bounds.append((cache.nbytes, cache.allocated_nbytes))
+    assert bounds[0] == bounds[1] == (4 * 2 * 2 * (W - 1) * 2 * 32 * 4, 4 * 2 * 2 * 16 * 2 * 32 * 4)
     assert torch.equal(generate(dec, prompt, 100, use_cache=False), theirs)
 
 

@@ -32,9 +32,10 @@ class KVCache:
 
     sliding_window=W makes it a rolling buffer for a sliding-window model (Mistral), whose queries see
     only the last W positions, themselves included: between calls each layer keeps the last W - 1
-    positions and drops the older ones, so its memory stays bounded however long the sequence. A
-    sliding-window LlamaDecoder sets the window of the KVCache it fills. `seq_len` still counts
-    every position seen: it is the next token's position.
+    positions and drops the older ones, in buffers of at most max(2 (W - 1), 16) positions however
+    long the sequence or the prompt (`allocated_nbytes`). A sliding-window LlamaDecoder sets the
+    window of the KVCache it fills. `seq_len` still counts every position seen: it is the next
+    token's position.
     """
 
     def __init__(self, sliding_window: int | None = None) -> None:
@@ -77,6 +78,13 @@ class KVCache:
         at most W - 1 positions per layer)."""
         return sum((k.shape[0] * k.shape[1] * (k.shape[3] + v.shape[3]) * self._kept(i)) * k.element_size()
                    for i, (k, v) in enumerate(zip(self._k, self._v)))
+
+    @property
+    def allocated_nbytes(self) -> int:
+        """Bytes of the buffers themselves, spare room included, which the cache takes from memory (`nbytes`
+        counts the positions kept). Under a sliding window W, at most max(2 (W - 1), 16) positions per
+        layer, whatever the sequence's length."""
+        return sum(k.numel() * k.element_size() + v.numel() * v.element_size() for k, v in zip(self._k, self._v))
 
     @property
     def seq_len(self) -> int:
@@ -138,6 +146,8 @@ class KVCache:
         if start + new > self._k[layer_idx].shape[2]:
             if self.sliding_window is not None and self._kept(layer_idx) < start:
                 start = self._roll(layer_idx)
+            if start + new > self._capacity(start + new):  # a chunk longer than a rolling buffer may hold
+                return self._update_past_buffer(layer_idx, k, v)
             if start + new > self._k[layer_idx].shape[2]:
                 self._grow(layer_idx, self._capacity(start + new))
         k_buf, v_buf = self._k[layer_idx], self._v[layer_idx]
@@ -148,11 +158,29 @@ class KVCache:
         return k_buf.narrow(2, first, end - first), v_buf.narrow(2, first, end - first)  # views of the filled part
 
     def _capacity(self, needed: int) -> int:
-        """Positions to grow a buffer to: twice what it must hold; and once that is more than a window
-        keeps, at least 2 (W - 1), so that each roll frees at least as many slots as it moves."""
+        """Positions to grow a buffer to: twice what it must hold (at least 16); under a window W, once that
+        is more than the W - 1 positions kept, a rolling buffer's fixed size max(2 (W - 1), 16), so that
+        each roll frees at least as many slots as it moves. Below `needed` only for a chunk that no
+        rolling buffer holds (update passes it through _update_past_buffer)."""
         capacity = max(2 * needed, 16)
         W = self.sliding_window
-        return capacity if W is None or capacity <= W - 1 else max(capacity, 2 * (W - 1))
+        return capacity if W is None or capacity <= W - 1 else max(2 * (W - 1), 16)
+
+    def _update_past_buffer(self, layer_idx: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """update for a chunk longer than a rolling buffer holds (a long prompt): return the kept positions
+        and the chunk concatenated, a new tensor that only the caller's attention holds, and keep the last
+        W - 1 of them in a buffer of the rolling size, so that no buffer sized by the prompt stays behind."""
+        start, keep = self._len[layer_idx], self.sliding_window - 1    # start <= W - 1: update has rolled
+        k_all = torch.cat([self._k[layer_idx].narrow(2, 0, start), k], dim=2)    # (B, H_kv, start + S_new, Dh)
+        v_all = torch.cat([self._v[layer_idx].narrow(2, 0, start), v], dim=2)    # (B, H_kv, start + S_new, Dv)
+        size = self._capacity(keep)
+        for buffers, full in ((self._k, k_all), (self._v, v_all)):
+            if buffers[layer_idx].shape[2] != size:
+                buffers[layer_idx] = full.new_empty(full.shape[0], full.shape[1], size, full.shape[3])
+            buffers[layer_idx].narrow(2, 0, keep).copy_(full.narrow(2, full.shape[2] - keep, keep))
+        self._dropped[layer_idx] += full.shape[2] - keep
+        self._len[layer_idx] = keep
+        return k_all, v_all
 
     def _roll(self, layer_idx: int) -> int:
         """Move the positions a rolling buffer keeps to the front of its full buffer; return their number.
