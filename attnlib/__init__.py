@@ -16,6 +16,7 @@ from attnlib.mla import MultiHeadLatentAttention
 from attnlib.pretrained import load_smollm2
 from attnlib.tiled import tiled_attention
 from attnlib.transformer import Transformer
+from attnlib import parallel  # noqa: E402  (imported as a module: attnlib.parallel.launch, ...)
 from attnlib import exercises  # noqa: E402  (after the modules its checkers compare against)
 
 __all__ = ["softmax", "attention", "masks", "MultiHeadAttention", "KVCache", "tiled_attention",
