@@ -12,8 +12,8 @@ from attnlib.parallel.cost import bytes_per_rank
 from attnlib.parallel.launch import WorkerError, launch
 from attnlib.parallel.layout import causal_pairs, chunk_ids, shard, unshard
 from attnlib.parallel.ring import ring_attention
-from attnlib.parallel.tensor_parallel import TensorParallelAttention, head_ranges
+from attnlib.parallel.tensor_parallel import TensorParallelAttention, head_ranges, qkv_rows
 from attnlib.parallel.ulysses import heads_to_seq, seq_to_heads, ulysses_attention
 
-__all__ = ["launch", "WorkerError", "ring_attention", "ulysses_attention", "TensorParallelAttention", "head_ranges",
+__all__ = ["launch", "WorkerError", "ring_attention", "ulysses_attention", "TensorParallelAttention", "head_ranges", "qkv_rows",
            "tally", "Tally", "bytes_per_rank", "world", "shard", "unshard", "chunk_ids", "causal_pairs", "seq_to_heads", "heads_to_seq"]

@@ -20,7 +20,7 @@ from attnlib._checks import fmt_shape, require_dims, require_float_tensor
 from attnlib.mha import MultiHeadAttention, merge_heads, split_heads
 from attnlib.parallel.comm import all_reduce, world
 
-__all__ = ["TensorParallelAttention"]
+__all__ = ["TensorParallelAttention", "head_ranges", "qkv_rows"]
 
 
 class _CopyToRanks(torch.autograd.Function):
@@ -74,6 +74,16 @@ def head_ranges(num_heads: int, num_kv_heads: int, rank: int, world_size: int) -
     return range(a, b), range(a // g, (b - 1) // g + 1)
 
 
+def qkv_rows(w: torch.Tensor, num_heads: int, num_kv_heads: int, rank: int, world_size: int) -> torch.Tensor:
+    """This rank's rows of a fused projection [W_q; W_k; W_v], weight ((H + 2 H_kv)·Dh, D) or bias
+    ((H + 2 H_kv)·Dh,): its query heads' rows of W_q, then its key/value heads' rows of W_k and of W_v."""
+    heads, kv_heads = head_ranges(num_heads, num_kv_heads, rank, world_size)
+    Dh = w.shape[0] // (num_heads + 2 * num_kv_heads)
+    q, k, v = w.split([num_heads * Dh, num_kv_heads * Dh, num_kv_heads * Dh])  # rows [q; k; v]
+    return torch.cat([q[heads.start * Dh:heads.stop * Dh], k[kv_heads.start * Dh:kv_heads.stop * Dh],
+                      v[kv_heads.start * Dh:kv_heads.stop * Dh]])
+
+
 class TensorParallelAttention(nn.Module):
     """This rank's share of a MultiHeadAttention: its query heads, the key/value heads they use, and the
     matching columns of W_o. forward(x) with the same x on every rank equals the whole layer's output."""
@@ -102,14 +112,12 @@ class TensorParallelAttention(nn.Module):
         tp = cls(mha.d_model, mha.num_heads, mha.num_kv_heads, bias=bias, group=group, rotary=mha.rotary,
                  window=mha.window, dropout=mha.dropout, check_inputs=check_inputs)
         tp = tp.to(device=mha.qkv.weight.device, dtype=mha.qkv.weight.dtype)
-        Dh, H, H_kv = mha.head_dim, mha.num_heads, mha.num_kv_heads
-        rows = lambda heads, first: slice((first + heads.start) * Dh, (first + heads.stop) * Dh)  # noqa: E731
-        parts = (rows(tp.heads, 0), rows(tp.kv_heads, H), rows(tp.kv_heads, H + H_kv))  # [q; k; v] rows
+        shard = lambda w: qkv_rows(w, mha.num_heads, mha.num_kv_heads, tp.rank, tp.world_size)  # noqa: E731
         with torch.no_grad():
-            tp.qkv.weight.copy_(torch.cat([mha.qkv.weight[p] for p in parts]))
-            tp.out.weight.copy_(mha.out.weight[:, parts[0]])
+            tp.qkv.weight.copy_(shard(mha.qkv.weight))
+            tp.out.weight.copy_(mha.out.weight[:, tp.heads.start * mha.head_dim:tp.heads.stop * mha.head_dim])
             if bias:
-                tp.qkv.bias.copy_(torch.cat([mha.qkv.bias[p] for p in parts]))
+                tp.qkv.bias.copy_(shard(mha.qkv.bias))
                 tp.out_bias.copy_(mha.out.bias)
         return tp.train(mha.training)
 
