@@ -1,10 +1,12 @@
 """The collectives attnlib.parallel uses, each counting the bytes this process sends while a tally runs.
 
 W processes in a group; a tensor of n bytes:
+
 - ring_shift: this rank sends its tensor to rank r + 1 and receives rank r - 1's: n bytes sent.
 - all_to_all: chunk j of W goes to rank j; the own chunk stays: (W - 1)/W · n bytes sent.
 - all_reduce (sum): counted as the bandwidth-optimal ring algorithm's 2(W - 1)/W · n (a reduce-scatter,
   then an all-gather); gloo may pick another algorithm, so this one count is the algorithm's, not the wire's.
+
 Without an initialised process group everything runs as a group of one: nothing is sent.
 """
 

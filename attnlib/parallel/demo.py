@@ -7,9 +7,6 @@ back as plain numbers, one dict per rank.
 
 from __future__ import annotations
 
-import statistics
-import time
-
 import torch
 
 from attnlib.attention import attention
@@ -20,8 +17,9 @@ from attnlib.parallel.layout import shard
 from attnlib.parallel.ring import ring_attention
 from attnlib.parallel.tensor_parallel import TensorParallelAttention
 from attnlib.parallel.ulysses import ulysses_attention
+from attnlib.timing import best_time
 
-__all__ = ["run_all", "METHODS"]
+__all__ = ["run_all", "time_methods", "METHODS"]
 
 METHODS = {"ring": ("ring", "contiguous"), "ring zig-zag": ("ring", "zigzag"), "ulysses": ("ulysses", "contiguous")}
 
@@ -73,18 +71,7 @@ def _check_tensor_parallel(rank: int, W: int, T: int, H: int, H_kv: int, Dh: int
                 bytes=fwd.total, heads=(tp.heads.start, tp.heads.stop), kv_heads=(tp.kv_heads.start, tp.kv_heads.stop))
 
 
-def _time(fn, repeats: int) -> float:
-    """Median seconds of fn() over `repeats` runs, after one warm-up run."""
-    fn()
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
-
-
-def _time_methods(rank: int, W: int, T: int, H: int, Dh: int, repeats: int) -> dict:
+def time_methods(rank: int, W: int, T: int, H: int, Dh: int, repeats: int) -> dict:
     """Seconds per causal layer, forward and backward, on this rank (float32)."""
     g = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(1, H, T, Dh, generator=g) for _ in range(3))
@@ -92,11 +79,27 @@ def _time_methods(rank: int, W: int, T: int, H: int, Dh: int, repeats: int) -> d
     def step(name):
         o, _ = _sequence_method(name, q, k, v, rank, W, True)
         o.sum().backward()
-    return {name: _time(lambda n=name: step(n), repeats) for name in METHODS}
+    return {name: best_time(lambda n=name: step(n), repeats) for name in METHODS}
+
+
+def _errors(rank: int, W: int, T: int, H: int, Dh: int) -> dict:
+    """The messages of the errors chapter 17 shows: Ulysses with fewer heads than ranks, a sequence that
+    does not split, TP ranks given different inputs."""
+    def message(fn) -> str:
+        try:
+            fn()
+        except ValueError as e:
+            return str(e)
+        return "no error"
+    x = torch.randn(1, T, H * Dh, generator=torch.Generator().manual_seed(rank))  # a different x on each rank
+    q = torch.zeros(1, 1, T // W, Dh)  # one head
+    tp = TensorParallelAttention.from_module(MultiHeadAttention(H * Dh, H), check_inputs=True)
+    return dict(ulysses=message(lambda: ulysses_attention(q, q, q)), shard=message(lambda: shard(x[:, None, :T - 1], rank, W)),
+                tensor_parallel=message(lambda: tp(x)))
 
 
 def run_all(rank: int, W: int, T: int = 32, H: int = 4, Dh: int = 8, T_time: int = 1024, repeats: int = 3) -> dict:
     """Every check of chapter 17 in one process of W; returns plain data."""
-    return dict(sequence=_check_sequence(rank, W, T, H, Dh),
+    return dict(sequence=_check_sequence(rank, W, T, H, Dh), errors=_errors(rank, W, T, H, Dh),
                 tensor_parallel={kv: _check_tensor_parallel(rank, W, T, H, kv, Dh) for kv in (H, H // 2, 1)},
-                seconds=_time_methods(rank, W, T_time, H, Dh, repeats) if T_time else {})
+                seconds=time_methods(rank, W, T_time, H, Dh, repeats) if T_time else {})
