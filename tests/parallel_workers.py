@@ -118,14 +118,16 @@ def tensor_parallel(rank: int, W: int, T: int) -> dict:
         ref = mha(x_ref, mask=pad, is_causal=True)
         mine = tp(x_tp, mask=pad, is_causal=True)
         ref.sum().backward()
-        mine.sum().backward()
+        with tally() as bwd:
+            mine.sum().backward()
         out[name] = dict(out=_diff(mine, ref), grad_x=_diff(x_tp.grad, x_ref.grad),
                          heads=(tp.heads.start, tp.heads.stop), kv_heads=(tp.kv_heads.start, tp.kv_heads.stop),
                          dtensor=_diff(_dtensor(mha, x.detach(), W), mha(x.detach(), is_causal=True)))
         with tally() as t:
             tp(x.detach())
-        out[name]["bytes"] = (t.bytes_sent["all_reduce"], bytes_per_rank("tensor_parallel", B=B, T=T, H=H_, Dh=D // H_,
-                                                      world_size=W, element_size=8))
+        sizes = dict(B=B, T=T, H=H_, Dh=D // H_, world_size=W, element_size=8)
+        out[name]["bytes"] = (t.bytes_sent["all_reduce"], bytes_per_rank("tensor_parallel", **sizes))
+        out[name]["bwd_bytes"] = (bwd.total, bytes_per_rank("tensor_parallel", **sizes, backward=True))
     x_own = torch.randn(B, T, 32, generator=torch.Generator().manual_seed(rank), dtype=torch.float64)  # per rank
     out["different_inputs"] = _error(lambda: tp(x_own))
     out["heads_split"] = _error(lambda: TensorParallelAttention(36, 6, 3))

@@ -45,8 +45,9 @@ def test_bytes_measured_equal_formula(world_results):
     assert ulysses == ring if W == 2 else ulysses < ring  # 4(W-1)/W² against 2(W-1)/W of B·T·D·e
     for res in tp:
         for kind in ("mha", "gqa", "mqa"):
-            measured, formula = res[kind]["bytes"]
-            assert measured == formula > 0, kind
+            for key in ("bytes", "bwd_bytes"):  # one all-reduce forward (out), one backward (the gradient of x)
+                measured, formula = res[kind][key]
+                assert measured == formula > 0, (kind, key)
 
 
 def test_zigzag_balances_causal_work(world_results):

@@ -28,7 +28,7 @@ class Tally:
     """What this process did while `tally()` ran: bytes sent per collective, and the (query, key)
     scores ring attention computed (its work, to compare ranks' loads)."""
 
-    bytes_sent: Counter = field(default_factory=Counter)
+    bytes_sent: dict[str, int] = field(default_factory=Counter)  # a Counter: missing collectives read 0
     scores: int = 0
 
     @property
