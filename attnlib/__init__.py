@@ -19,6 +19,7 @@ from attnlib.transformer import Transformer
 from attnlib.drafts import PromptLookup  # chapter 16: serving
 from attnlib.speculative import speculative_generate
 from attnlib.serving import serve
+from attnlib import parallel  # noqa: E402  (imported as a module: attnlib.parallel.launch, ...)
 from attnlib import exercises  # noqa: E402  (after the modules its checkers compare against)
 
 __all__ = ["softmax", "attention", "masks", "MultiHeadAttention", "KVCache", "tiled_attention",

@@ -119,23 +119,33 @@ class _TiledAttention(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dout):
         q3, k3, v3, out, lse = ctx.saved_tensors
-        mask, offset, scale, tk, batch = ctx.args
-        dq, dk, dv = torch.zeros_like(q3), torch.zeros_like(k3), torch.zeros_like(v3)
-        D, biases = (dout * out).sum(dim=-1), {}  # D (N, T)
-        T, tq = q3.shape[1], max(1, min(QUERY_BLOCK, q3.shape[1]))
-        for i0 in range(0, T, tq):
-            i = slice(i0, min(i0 + tq, T))
-            qs = q3[:, i] * (scale * _LOG2E)
-            for j0, j1, allowed, key in _key_tiles(mask, offset, i0, i.stop, k3.shape[1], tk):
-                j = slice(j0, j1)
-                s = qs @ k3[:, j].transpose(1, 2)  # (N, n, tk), in log2 units
-                _add_mask(s, allowed, key, batch, biases)
-                p = torch.exp2(s - lse[:, i, None])  # (N, n, tk): the softmax weights of this tile
-                dv[:, j] += p.transpose(1, 2) @ dout[:, i]
-                ds = p * (dout[:, i] @ v3[:, j].transpose(1, 2) - D[:, i, None])  # (N, n, tk)
-                dq[:, i] += ds @ k3[:, j] * scale
-                dk[:, j] += ds.transpose(1, 2) @ q3[:, i] * scale
-        return dq, dk, dv, None, None, None, None, None
+        D = (dout * out).sum(dim=-1)  # (N, T)
+        return (*backward_rows(q3, k3, v3, dout, D, lse, *ctx.args), None, None, None, None, None)
+
+
+def backward_rows(q3, k3, v3, dout, D, lse, mask, offset, scale, tk, batch) -> tuple[torch.Tensor, ...]:
+    """dq (N, T, Dh), dk (N, S, Dh), dv (N, S, Dv) of attention over these keys, tile by tile.
+
+    lse (N, T) is each query's log2 Σ 2^s over *all* the keys it attends to (its softmax's normalizer)
+    and D = rowsum(dout ∘ out) over the full output, so when k3, v3 hold only some of those keys (ring
+    attention's blocks) the result is those keys' exact share: dq summed over blocks is the full dq.
+    """
+    dq, dk, dv = torch.zeros_like(q3), torch.zeros_like(k3), torch.zeros_like(v3)
+    biases = {}
+    T, tq = q3.shape[1], max(1, min(QUERY_BLOCK, q3.shape[1]))
+    for i0 in range(0, T, tq):
+        i = slice(i0, min(i0 + tq, T))
+        qs = q3[:, i] * (scale * _LOG2E)
+        for j0, j1, allowed, key in _key_tiles(mask, offset, i0, i.stop, k3.shape[1], tk):
+            j = slice(j0, j1)
+            s = qs @ k3[:, j].transpose(1, 2)  # (N, n, tk), in log2 units
+            _add_mask(s, allowed, key, batch, biases)
+            p = torch.exp2(s - lse[:, i, None])  # (N, n, tk): the softmax weights of this tile
+            dv[:, j] += p.transpose(1, 2) @ dout[:, i]
+            ds = p * (dout[:, i] @ v3[:, j].transpose(1, 2) - D[:, i, None])  # (N, n, tk)
+            dq[:, i] += ds @ k3[:, j] * scale
+            dk[:, j] += ds.transpose(1, 2) @ q3[:, i] * scale
+    return dq, dk, dv
 
 
 def _flat(x: torch.Tensor, batch: torch.Size, dtype: torch.dtype) -> torch.Tensor:

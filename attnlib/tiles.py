@@ -3,6 +3,7 @@
 Under a bottom-right causal mask (query i sees key j iff j <= i + S - T) a tile is skipped when no
 query sees any of its keys, computed without a mask when every query sees every key, and masked
 inside otherwise; a user mask is sliced to the tile. Masks are added to the scores as 0/-inf biases.
+merge_partials combines what two disjoint blocks of keys gave (chapter 9; ring attention merges by it).
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from collections.abc import Iterator
 
 import torch
 
-__all__ = ["tile_kind"]
+__all__ = ["tile_kind", "merge_partials"]
 
 _NEG_INF = float("-inf")
 
@@ -74,3 +75,18 @@ def _add_mask(s: torch.Tensor, allowed: torch.Tensor | None, key: tuple | None, 
             if key is not None:
                 biases[key] = bias
         s.view(*batch, *s.shape[-2:]).add_(bias[first_row:] if bias.dim() >= 2 else bias)
+
+
+def merge_partials(a: tuple[torch.Tensor, ...], b: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
+    """Chapter 9's merge of two partial softmax results (m, l, acc) over two disjoint blocks of keys.
+
+    A block's partial result per query: m = max_j s_j (..., T), l = Σ_j exp(s_j - m) (..., T),
+    acc = Σ_j exp(s_j - m) v_j (..., T, Dv). Both move to the common max m = max(m1, m2), then add:
+    l = l1·exp(m1 - m) + l2·exp(m2 - m), acc likewise; out = acc / l. A row empty in both blocks
+    (m = -inf) uses 0 as its reference, so it stays (-inf, 0, 0) instead of NaN.
+    """
+    (m1, l1, acc1), (m2, l2, acc2) = a, b
+    m = torch.maximum(m1, m2)                         # (..., T)
+    ref = m.masked_fill(m == _NEG_INF, 0.0)           # a row empty in both blocks
+    f1, f2 = torch.exp(m1 - ref), torch.exp(m2 - ref)  # (..., T), each in [0, 1]
+    return m, l1 * f1 + l2 * f2, acc1 * f1.unsqueeze(-1) + acc2 * f2.unsqueeze(-1)

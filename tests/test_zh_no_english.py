@@ -52,6 +52,7 @@ NAMES = _cited_authors() | {
     "Annotated", "Megatron", "fairseq",  # codebases whose style an interview answer borrows (chapter 10)
     "Pythia",  # a model family (chapter 12: where Xiao et al. found attention sinks)
     "Gemma",  # a model family (chapter 13: Gemma 2 alternates windowed and global layers)
+    "Ulysses", "Shoeybi", "Jacobs",  # DeepSpeed-Ulysses and the papers chapter 17 links (not in references.bib)
     "True", "False", "None",  # Python's constants, written as in code
     "Dh", "Dv",  # the book's dimension letters for the head width (DESIGN: B, H, H_kv, T, S, D, Dh)
     "attention-book",  # the book's author line
@@ -64,6 +65,7 @@ TERMS = {
     "fan-in", "fan-out", "float", "int", "bool", "dtype", "id", "ids", "pos", "inf", "nan", "logistic",
     "matplotlib", "lm-head", "flash", "relu", "gelu", "vocab", "sentence-transformers", "lse", "epsilon",
     "top-k", "top-p",  # the sampling methods, named so in Chinese too (top-k 采样, top-p 采样)
+    "gloo", "torchrun",  # torch.distributed's CPU backend and its launcher (chapter 17)
 }
 # English grammar words: one of them on a Chinese page is left-over English, whatever surrounds it.
 FUNCTION_WORDS = {
