@@ -81,7 +81,8 @@ def drill(*args: str, **kwargs) -> subprocess.CompletedProcess:
     ("import sys\nsys.exit()\n" + answer(), None, 1, ["FAILED", "called sys.exit() at line 2", "__main__"]),
     ("import sys\nsys.exit(0)\n" + answer(), None, 1, ["FAILED", "called sys.exit(0) at line 2"]),
     ("raise SystemExit\n" + answer(), None, 1, ["FAILED", "called sys.exit() at line 1: `raise SystemExit`"]),
-    ("import os\nos._exit(0)\n" + answer(), None, 1, ["FAILED", "ended without a verdict", "status 0", "os._exit"]),
+    ("import os\nos._exit(0)\n" + answer(), None, 1, ["FAILED", "called os._exit(0) at line 2", "no class could be checked"]),
+    ("import os\nos.kill(os.getpid(), 9)\n" + answer(), None, 1, ["FAILED", "ended without a verdict", "signal 9"]),
     # issue 28: a loop at import, in __init__, in forward: stopped and named, with the line
     (LOOP + answer(), None, 1, ["FAILED", "loading", "did not finish within 0.5 s", "at line 2: `while True:`"]),
     (answer().replace("super().__init__()", "super().__init__()\n        while True:\n            pass"), None, 1,

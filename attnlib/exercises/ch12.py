@@ -8,7 +8,7 @@ from collections.abc import Callable
 
 import torch
 
-from attnlib.exercises._core import (CandidateError, _arg_names, as_tensor, checker, expect_close, full_precision,
+from attnlib.exercises._core import (CandidateError, arg_names, as_tensor, checker, expect_close, full_precision,
                                     matching, run)
 from attnlib.generation import top_p_filter
 from attnlib.exercises.ch12_induction import check_induction_score
@@ -141,7 +141,7 @@ def _penalized(logits: torch.Tensor, input_ids: torch.Tensor, penalty: float) ->
 def _ids_first(fn: Callable) -> str:
     """A hint when the reader's first parameter is named like the token ids (transformers' processors take
     (input_ids, scores)), '' otherwise."""
-    first = (_arg_names(fn, (None,), {}) or [""])[0]
+    first = (arg_names(fn, (None,), {}) or [""])[0]
     if first.lower() in ("input_ids", "ids", "tokens", "token_ids", "generated", "prev_tokens", "history"):
         return (f"; your first parameter is named {first!r}, but the exercise's order is (logits, input_ids, "
                 f"penalty) (transformers' logits processors take (input_ids, scores)): put the logits first")
