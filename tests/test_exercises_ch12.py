@@ -49,7 +49,7 @@ def top_p_loops(logits, p):                             # plain Python, finfo.mi
     return out
 
 
-@pytest.mark.parametrize("answer", [top_p_sorted_desc, top_p_hf_style, top_p_shift_right, top_p_loops])
+@pytest.mark.parametrize("answer", [top_p_sorted_desc, top_p_hf_style, top_p_loops])
 def test_top_p_accepts_correct_answers(answer):
     result = check_top_p_filter(answer)
     assert result.passed, result.message
@@ -76,6 +76,38 @@ def _keep_sorted(logits, p, rule):
     (lambda l, p: l.copy_(top_p_sorted_desc(l, p)), ["changed l in place"]),
 ])
 def test_top_p_names_the_mistake(buggy, phrases):
+    assert_names(check_top_p_filter(buggy), *phrases)
+
+
+def top_p_keeps_ties(logits, p):                         # a threshold on the last kept probability
+    probs = logits.softmax(-1)
+    desc = probs.sort(-1, descending=True).values
+    n = (desc.cumsum(-1) - desc < p).sum(-1, keepdim=True)
+    return logits.masked_fill(probs < desc.gather(-1, n - 1), float("-inf"))
+
+
+def top_p_sorted_mask_unsorted(logits, p):
+    probs, order = logits.softmax(-1).sort(-1, descending=True)
+    return logits.masked_fill(probs.cumsum(-1) - probs >= p, float("-inf"))
+
+
+def top_p_batch_softmax(logits, p):
+    probs, order = logits.softmax(0).sort(-1, descending=True)
+    drop = probs.cumsum(-1) - probs >= p
+    return logits.masked_fill(drop.scatter(-1, order, drop), float("-inf"))
+
+
+@pytest.mark.parametrize("buggy, phrases", [                # issue 36: ties, the exact boundary, unnamed ones
+    (top_p_keeps_ties, ["p=0.66", "every token tied with the last one of the nucleus kept", "TopPLogitsWarper"]),
+    (top_p_shift_right, ["p=0.5", "the mass before it is <= p", "shifted right by one"]),
+    (top_p_sorted_mask_unsorted, ["mask computed on the sorted probabilities applied to the logits in vocabulary"]),
+    (top_p_batch_softmax, ["the softmax over the batch axis (dim=0)"]),
+    (lambda l, p: top_p_sorted_desc(l, p * 0.7), ["nucleus of a different p", "instead of p = 0.9"]),
+    (lambda l, p: top_p_sorted_desc(l, 1 - p), ["nucleus of 1 - p = 0.1"]),
+    (lambda l, p: top_p_sorted_desc(l, p).index_fill(-1, torch.tensor([0]), float("-inf")),
+     ["row 3 keeps 9 tokens where its nucleus has 10", "token 0 (the 2nd most likely", "is removed but should be kept"]),
+])
+def test_top_p_names_ties_boundaries_and_more(buggy, phrases):
     assert_names(check_top_p_filter(buggy), *phrases)
 
 

@@ -37,8 +37,8 @@ def window_numpy(T, window):
     return (j <= i) & (j > i - window)
 
 
-@pytest.mark.parametrize("answer", [window_by_distance, window_by_triangles, window_in_loops, window_additive_4d,
-                                    window_numpy, lambda T, w: window_by_distance(T, w).int()])
+@pytest.mark.parametrize("answer", [window_by_distance, window_by_triangles,
+                                    lambda T, w: window_by_distance(T, w)[None, None]])
 def test_sliding_window_mask_accepts_correct_answers(answer):
     result = check_sliding_window_mask(answer)
     assert result.passed, result
@@ -54,7 +54,11 @@ def test_sliding_window_mask_accepts_correct_answers(answer):
     (lambda T, w: torch.ones(T, T, dtype=torch.bool).tril(), ["plain causal mask"]),
     (lambda T, w: torch.arange(T)[None, :] > torch.arange(T)[:, None] - w, ["without the causal limit"]),
     (lambda T, w: torch.ones(T, T, dtype=torch.bool).tril() & (torch.arange(T) < w), ["first `window` keys"]),
-    (lambda T, w: window_by_distance(T, w).float(), ["float mask of 0s and 1s", "Return bool"]),
+    (lambda T, w: window_by_distance(T, w).float(), ["torch.float32 mask of 0s and 1s", "asks for a bool tensor"]),
+    (lambda T, w: window_by_distance(T, w).int(), ["torch.int32 mask of 0s and 1s", "asks for a bool tensor"]),
+    (window_additive_4d, ["an additive float mask", "~mask raises", "asks for a bool tensor"]),
+    (window_in_loops, ["returned a list, not a torch.Tensor", "asks for a bool tensor"]),
+    (window_numpy, ["returned a ndarray, not a torch.Tensor"]),
     (lambda T, w: window_by_distance(T, w)[:-1], ["has shape (8, 9), expected (9, 9)"]),
 ])
 def test_sliding_window_mask_names_the_mistake(buggy, phrases):

@@ -59,18 +59,30 @@ def window_bf16_finfo(T, window):
     return torch.zeros(T, T, dtype=torch.bfloat16).masked_fill(hidden, torch.finfo(torch.bfloat16).min)
 
 
-@pytest.mark.parametrize("answer", [window_transformers, window_minus_1e9, window_bf16_finfo, window_loops,
-                                    window_mask_mod,
-                                    lambda T, w: np.tril(np.ones((T, T), int)) - np.tril(np.ones((T, T), int), -w)])
+@pytest.mark.parametrize("answer", [window_loops, window_mask_mod])
 def test_sliding_window_accepts_other_styles(answer):
     passes(check_sliding_window_mask(answer))
+
+
+@pytest.mark.parametrize("answer", [window_transformers, window_minus_1e9, window_bf16_finfo])
+def test_sliding_window_refuses_an_additive_mask_naming_the_rule(answer):   # issue 36: ~mask raises on a float
+    assert_names(check_sliding_window_mask(answer), "an additive float mask", "asks for a bool tensor")
+
+
+def test_sliding_window_refuses_a_zero_answer_under_patched_torch():
+    def zero(T, w):
+        torch.equal = torch.allclose = lambda *a, **k: True
+        return torch.zeros(T, T, dtype=torch.bool)
+    equal = torch.equal
+    assert_names(check_sliding_window_mask(zero), "replaced torch's own torch.allclose, torch.equal")
+    assert torch.equal is equal
 
 
 @pytest.mark.parametrize("buggy, phrases", [
     (lambda T, w: (distance(T) > 0) & (distance(T) <= w), ["the query itself left out"]),
     (lambda T, w: (distance(T) >= 0) & (distance(T) <= w), ["window + 1 keys", "Mistral paper"]),
-    (lambda T, w: torch.zeros(T, T).masked_fill((distance(T) >= 0) & (distance(T) < w), float("-inf")),
-     ["inverted"]),
+    (lambda T, w: (distance(T) < 0) | (distance(T) >= w), ["inverted"]),
+    (lambda T, w: np.tril(np.ones((T, T), int)) - np.tril(np.ones((T, T), int), -w), ["not a torch.Tensor"]),
     (lambda T, w: (torch.arange(T)[:, None] // w == torch.arange(T)[None] // w) & (distance(T) >= 0),
      ["chunked attention"]),
     (lambda T, w: distance(T).abs() <= w // 2, ["symmetric window", "Longformer"]),

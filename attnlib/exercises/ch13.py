@@ -23,9 +23,12 @@ def _window_mask(T: int, lo: int, hi: int) -> torch.Tensor:
 
 
 def _as_bool_mask(got: object, what: str, T: int) -> torch.Tensor:
-    """The reader's mask as (T, T) bool: bool or 0/1 integers, an additive 0/-inf float mask, leading 1-dims."""
-    if isinstance(got, (np.ndarray, list)):
-        got = torch.as_tensor(np.asarray(got))
+    """The reader's mask, which must be a bool tensor of (T, T) (leading 1-dims allowed: they broadcast).
+    Anything else is refused with the rule: the chapter applies `~mask`, and SDPA *adds* a float mask."""
+    rule = "the exercise asks for a bool tensor, True = may attend (the chapter's code applies `~mask`)"
+    if isinstance(got, (np.ndarray, list, tuple)):
+        raise CandidateError(f"{what} returned a {type(got).__name__}, not a torch.Tensor: {rule}; build it with "
+                             f"torch (torch.arange, torch.ones(..., dtype=torch.bool).tril(), ...)")
     got = as_tensor(got, what)
     while got.dim() > 2 and got.shape[0] == 1:
         got = got[0]                                           # (1, 1, T, T) broadcasts like (T, T)
@@ -34,13 +37,15 @@ def _as_bool_mask(got: object, what: str, T: int) -> torch.Tensor:
         return got
     values = set(got.unique().tolist())
     if got.is_floating_point() and all(v == 0 or v <= -1e4 for v in values):
-        return got == 0  # the additive convention: 0 = may attend, -inf or a huge negative (finfo.min, -1e9) = hidden
-    if got.is_floating_point() and values <= {0.0, 1.0}:
-        raise CandidateError(f"{what} is a float mask of 0s and 1s: SDPA adds a float mask to the scores, so "
-                             f"it would add 1 to some scores and hide nothing. Return bool (True = may attend)")
-    if not got.is_floating_point() and values <= {0, 1}:
-        return got.bool()
-    raise CandidateError(f"{what} holds {sorted(values)[:4]}: return a bool mask, True = may attend")
+        kind = ("an additive float mask (0 = may attend, a huge negative = hidden): SDPA would add it to the "
+                "scores, but ~mask raises on a float tensor")
+    elif values <= {0, 1}:
+        kind = (f"a {got.dtype} mask of 0s and 1s: SDPA *adds* a float mask to the scores, so it would add 1 "
+                f"to some scores and hide nothing, and ~mask flips every bit of an integer")
+    else:
+        kind = f"a {got.dtype} tensor holding {sorted(values)[:4]}"
+    raise CandidateError(f"{what} is {kind}. {rule[0].upper()}{rule[1:]}: return the bool mask itself "
+                         f"(a comparison such as `(i - j >= 0) & (i - j < window)` is bool already)")
 
 
 @checker("sliding-window mask")
