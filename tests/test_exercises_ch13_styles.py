@@ -157,9 +157,16 @@ def feature_axis(buffer, k, pos):
     (feature_axis, ["along the last axis"]),
     (lambda b, k, p: torch.cat([written(b.clone(), k, p % b.shape[2])[:1], b[1:]]), ["only the first sequence"]),
     (lambda b, k, p: written(b, k, min(p, b.shape[2] - 1)), ["slot min(pos, W - 1)", "wraps around"]),
+    # issue 36: each named alone, although at the first wrong step another rule writes the same slot
+    (lambda b, k, p: written(b, k, b.shape[2] - 1 - p % b.shape[2]), ["pos=0", "W - 1 - pos % W"]),
+    (lambda b, k, p: written(b, k, p % (b.shape[2] - 1)), ["pos=3", "modulo W - 1"]),
+    (lambda b, k, p: written(b, k, [0, 1, 2, 3, 1][p % 5]), ["pos=4", "wrote the key into slot 1, not slot pos % W = 0",
+                                                              "fit none of the usual mistakes"]),
 ])
 def test_rolling_buffer_names_more_mistakes(buggy, phrases):
-    assert_names(check_rolling_buffer_update(buggy), *phrases)
+    result = check_rolling_buffer_update(buggy)
+    assert_names(result, *phrases)
+    assert " and " not in result.message.split("it matches")[-1][:60], result.message   # one mistake, not two
 
 
 def test_rolling_buffer_survives_hostile_code():
@@ -214,6 +221,10 @@ def by_position(block_of, slot_of):
     (lambda pool, t, S: pool.flatten(0, 1)[t[torch.arange(S) // 4] + torch.arange(S) % 4].transpose(0, 1),
      ["the block number used as a slot index"]),
     (lambda pool, t, S: pool[t[:S // 4]].flatten(0, 1).transpose(0, 1), ["the last, partly filled block is missing"]),
+    (lambda pool, t, S: pool[t.sort().values].flatten(0, 1)[:S].transpose(0, 1),      # issue 36: not "off by one"
+     ["taken in increasing block number (the table sorted"]),
+    (lambda pool, t, S: pool[torch.isin(torch.arange(pool.shape[0]), t)].flatten(0, 1)[:S].transpose(0, 1),
+     ["a mask over the pool's blocks"]),
 ])
 def test_block_table_names_more_mistakes(buggy, phrases):
     assert_names(check_block_table_lookup(buggy), *phrases)
