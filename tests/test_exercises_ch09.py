@@ -285,3 +285,20 @@ def test_tile_step_names_more_mistakes(bug, phrase):
 ])
 def test_tile_step_names_a_wrong_state(wrong, phrases):
     assert_names(check_tile_step(wrong), *phrases)
+
+
+def _merge_min(m1, l1, acc1, m2, l2, acc2, guard=True):
+    m = torch.minimum(m1, m2)
+    ref = torch.where(m.isinf(), torch.zeros_like(m), m) if guard else m
+    f1, f2 = torch.exp(m1 - ref), torch.exp(m2 - ref)
+    return m, l1 * f1 + l2 * f2, acc1 * f1[..., None] + acc2 * f2[..., None]
+
+
+@pytest.mark.parametrize("buggy, phrase", [                     # issue 36: named, one each
+    (lambda m1, l1, a1, m2, l2, a2: (torch.maximum(m1, m2), l1 + l2, a1 + a2), "neither the sums nor the accumulators"),
+    (_merge_min, "the minimum taken for the reference, m = min(m1, m2): exp"),
+    (lambda *a: _merge_min(*a, guard=False), "and exp(-inf - (-inf)) = NaN where a block is empty"),
+])
+def test_merge_names_more_mistakes(buggy, phrase):
+    result = check_merge_partials(buggy)
+    assert not result.passed and phrase in result.message and " and the " not in result.message, result.message

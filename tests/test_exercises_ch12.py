@@ -241,3 +241,43 @@ def test_penalty_names_the_mistake(buggy, phrases):
 def test_penalty_stub_and_crash():
     assert check_repetition_penalty(stub).status == "not attempted yet"
     assert_names(check_repetition_penalty(lambda l, i, p: l[i]), "has shape")
+
+
+# --- issue 36: more mistakes named ----------------------------------------------------------------
+
+def _induction_on(queries_of):
+    def score(weights, period):
+        q = queries_of(weights.shape[-1], period)
+        return weights[:, q, q - period + 1].mean(-1)
+    return score
+
+
+@pytest.mark.parametrize("buggy, phrase", [
+    (_induction_on(lambda T, R: torch.arange(T - R + 1, T)), "the first query of the second block left out"),
+    (_induction_on(lambda T, R: torch.arange(T - R, T - 1)), "the last query of the sequence left out"),
+    (_induction_on(lambda T, R: torch.arange(T - 2 * R, T)), "both copies averaged"),
+])
+def test_induction_names_more_mistakes(buggy, phrase):
+    assert_names(check_induction_score(buggy), phrase)
+
+
+def penalty_scatter_add(logits, input_ids, penalty):
+    seen = logits.gather(-1, input_ids)
+    return logits.scatter_add(-1, input_ids, torch.where(seen > 0, seen / penalty, seen * penalty) - seen)
+
+
+def penalty_on(transform):
+    def apply(logits, input_ids, penalty):
+        x = transform(logits)
+        seen = x.gather(-1, input_ids)
+        return x.scatter(-1, input_ids, torch.where(seen > 0, seen / penalty, seen * penalty))
+    return apply
+
+
+@pytest.mark.parametrize("buggy, phrase", [
+    (penalty_scatter_add, "the change added once per occurrence"),
+    (penalty_on(lambda x: x.softmax(-1)), "the penalty applied after the softmax"),
+    (penalty_on(lambda x: x.log_softmax(-1)), "the penalty applied to log-probabilities"),
+])
+def test_penalty_names_more_mistakes(buggy, phrase):
+    assert_names(check_repetition_penalty(buggy), phrase)

@@ -23,13 +23,14 @@ __all__ = ["check_online_logsumexp", "check_merge_partials", "check_tile_step"]
 
 
 def _merge(a: State, b: State, *, rescale_l: bool = True, rescale_acc: bool = True,
-           wrong_way: bool = False, naive_inf: bool = False, keep_first_max: bool = False) -> State:
+           wrong_way: bool = False, naive_inf: bool = False, keep_first_max: bool = False,
+           reference=torch.maximum) -> State:
     """The correct merge of two partial results, or (with a flag) one classic mistake."""
     (m1, l1, acc1), (m2, l2, acc2) = a, b
     if keep_first_max:  # block 1's max as the reference: its own factor is 1
         f2 = torch.exp(m2 - m1)
         return m1, l1 + l2 * f2, acc1 + acc2 * f2[..., None]
-    m = torch.maximum(m1, m2)
+    m = reference(m1, m2)
     ref = m if naive_inf else _safe(m)
     f1, f2 = (torch.exp(ref - m1), torch.exp(ref - m2)) if wrong_way else (torch.exp(m1 - ref), torch.exp(m2 - ref))
     l = l1 * f1 + l2 * f2 if rescale_l else l1 + l2
@@ -43,6 +44,13 @@ _MERGE_MISTAKES = {
     "forgot to rescale the sums: l = l1 + l2 needs the factors exp(m1 - m) and exp(m2 - m)": dict(rescale_l=False),
     "forgot to rescale the accumulators: acc = acc1 + acc2 needs exp(m1 - m) and exp(m2 - m)":
         dict(rescale_acc=False),
+    "neither the sums nor the accumulators rescaled: l = l1 + l2 and acc = acc1 + acc2 add terms measured from "
+    "two different maxima; multiply each block's l and acc by exp(m_i - m)": dict(rescale_l=False, rescale_acc=False),
+    "the minimum taken for the reference, m = min(m1, m2): exp(m_i - m) then overflows when the blocks' maxima are "
+    "far apart; m = max(m1, m2) keeps every factor <= 1": dict(reference=torch.minimum),
+    "the minimum taken for the reference, m = min(m1, m2) (so exp(m_i - m) overflows when the maxima are far "
+    "apart), and exp(-inf - (-inf)) = NaN where a block is empty; m = max(m1, m2), with 0 as the reference where "
+    "m = -inf": dict(reference=torch.minimum, naive_inf=True),
     "rescaled the wrong way: exp(m - m1) instead of exp(m1 - m)": dict(wrong_way=True),
     "kept the first block's max as the reference: exp(m2 - m1) overflows when the second block's scores "
     "are larger; use m = max(m1, m2)": dict(keep_first_max=True),
@@ -57,7 +65,7 @@ def _blocks():
     g = torch.Generator().manual_seed(7)
     s, v = torch.randn(2, 6, 9, generator=g) * 3, torch.randn(2, 9, 4, generator=g)
     s[0, 0, 4:] += 200.0  # the second block is far larger: m must be the max of the two
-    s[0, 1, :4] += 50.0  # the first block is far larger
+    s[0, 1, :4] += 200.0  # the first block is far larger (a minimum taken for the max overflows here)
     s[1, 2] = _NEG_INF  # nothing to attend to in either block
     s[1, 3, :4] = _NEG_INF  # nothing in the first block
     return s, v

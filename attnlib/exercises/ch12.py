@@ -76,6 +76,15 @@ def _check_penalty(fn: Callable, logits: torch.Tensor, input_ids: torch.Tensor) 
             "every row penalized for the tokens of all rows: each sequence has its own history":
                 torch.where(union, torch.where(logits > 0, logits / penalty, logits * penalty), logits),
             "the penalty subtracted instead of dividing (or multiplying)": torch.where(seen, logits - penalty, logits),
+            "the change added once per occurrence (scatter_add of penalized - logit over input_ids, or a `+=` in a "
+            "loop over the tokens): a token that occurs c times moves c times as far; penalize each token once "
+            "(scatter, not scatter_add)": logits + counts * (_penalized(logits, input_ids, penalty) - logits),
+            "the penalty applied after the softmax (to the probabilities, which are all positive, so each seen "
+            "one divided): return penalized *logits*; the softmax comes later":
+                torch.where(seen, logits.softmax(-1) / penalty, logits.softmax(-1)),
+            "the penalty applied to log-probabilities (log_softmax first; all negative, so each seen one "
+            "multiplied): penalize the logits themselves": torch.where(seen, logits.log_softmax(-1) * penalty,
+                                                                         logits.log_softmax(-1)),
             "the signs swapped: positive logits multiplied and negative ones divided (repeats made more likely)":
                 torch.where(seen, torch.where(logits > 0, logits * penalty, logits / penalty), logits),
             "only the last token of each row penalized: every token of input_ids counts":
