@@ -107,11 +107,14 @@ def test_print_options_and_the_recursion_limit_are_put_back(change, words):
     assert sys.getrecursionlimit() == limit and repr(torch.tensor([1 / 3])) == precision
 
 
-@pytest.mark.parametrize("call", ["os._exit(0)", "os.abort()"])
+@pytest.mark.parametrize("call", ["os._exit(0)", "os.abort()", "os.kill(os.getpid(), 9)", "os.kill(0, 15)",
+                                  "signal.raise_signal(9)"])
 def test_an_answer_that_ends_the_process_is_stopped_and_named(call):
     import os
-    scope = {"os": os}
+    import signal
+    scope = {"os": os, "signal": signal}
     exec(f"def answer(T, window):\n    {call}\n", scope)
     result = check_sliding_window_mask(scope["answer"])  # this test process survives
-    assert not result.passed and f"called {call}" in result.message and "ends the whole process" in result.message
-    assert os._exit.__module__ == "posix" and os.abort.__module__ == "posix"
+    shown = call.replace("os.getpid()", str(os.getpid()))
+    assert not result.passed and f"called {shown}" in result.message and "ends the whole process" in result.message
+    assert all(f.__module__ in ("posix", "_signal") for f in (os._exit, os.abort, os.kill, signal.raise_signal))

@@ -4,14 +4,15 @@ torch's default dtype, grad mode, default device and random seed; deterministic 
 and the thread count; print options and the recursion limit; and torch's own functions: an answer that
 replaces `torch.equal` or `torch.Tensor.__eq__` gets the original back and is told so. The originals are
 captured when attnlib.exercises is imported, so a replacement made earlier in the session is found too
-(`restore_torch`). os._exit and os.abort are replaced for the call by functions that raise SystemExit, so
-that an answer calling them cannot end the notebook's kernel.
+(`restore_torch`). os._exit, os.abort, os.kill of this process and signal.raise_signal are replaced for the
+call by functions that raise SystemExit, so that an answer calling them cannot end the notebook's kernel.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import sys
 from collections.abc import Iterator
 
@@ -111,10 +112,17 @@ class ExitCalled(SystemExit):
         self.call = call
 
 
-def _no_exit(name: str):
+def _no_exit(name: str, original=None):
+    """A stand-in for a call that ends this process; with `original`, os.kill: only a signal to this process
+    (or its group) is refused, one to another process is sent."""
     def refuse(*args) -> None:
+        if original is not None and args and args[0] not in (0, os.getpid(), -os.getpgid(0)):
+            return original(*args)
         raise ExitCalled(f"{name}({', '.join(map(repr, args))})")
     return refuse
+
+
+_ENDERS = ((os, "_exit"), (os, "abort"), (os, "kill"), (signal, "raise_signal"))
 
 
 @contextlib.contextmanager
@@ -122,19 +130,22 @@ def changed_state(what: str) -> Iterator[list[str]]:
     """Yield a list that, after the block, holds what `what` changed in global state (see the module's
     docstring), each already put back."""
     before, seeded, found, saved = _snapshot(), [], [], _functions()
-    original, exits = torch.manual_seed, (os._exit, os.abort)
+    original, enders = torch.manual_seed, [getattr(module, name) for module, name in _ENDERS]
 
     def manual_seed(seed: int):  # the reader's call is recorded, then done as asked
         seeded.append(seed)
         return original(seed)
 
     torch.manual_seed = torch.random.manual_seed = manual_seed
-    os._exit, os.abort = _no_exit("os._exit"), _no_exit("os.abort")
+    for (module, name), function in zip(_ENDERS, enders):
+        setattr(module, name, _no_exit(f"{module.__name__.replace('posix', 'os')}.{name}",
+                                       function if name == "kill" else None))
     try:
         with _restore_switches(what) as flipped:
             yield found
     finally:
-        os._exit, os.abort = exits
+        for (module, name), function in zip(_ENDERS, enders):
+            setattr(module, name, function)
         torch.manual_seed = torch.random.manual_seed = original
         replaced = restore_torch(saved)
         dtype, grad, device = _snapshot()
