@@ -302,3 +302,19 @@ def _merge_min(m1, l1, acc1, m2, l2, acc2, guard=True):
 def test_merge_names_more_mistakes(buggy, phrase):
     result = check_merge_partials(buggy)
     assert not result.passed and phrase in result.message and " and the " not in result.message, result.message
+
+
+def _merge_weighted_by_l(m1, l1, acc1, m2, l2, acc2):     # acc taken for normalized outputs (o, lse merges)
+    m = torch.maximum(m1, m2)
+    safe = torch.where(torch.isinf(m), torch.zeros_like(m), m)
+    w1, w2 = torch.exp(m1 - safe) * l1, torch.exp(m2 - safe) * l2
+    l = w1 + w2
+    return m, l, (w1.unsqueeze(-1) * acc1 + w2.unsqueeze(-1) * acc2) / l.clamp_min(1e-30).unsqueeze(-1)
+
+
+@pytest.mark.parametrize("buggy, phrase", [                     # issue 36: held-out styles
+    (_merge_weighted_by_l, "the accumulators taken for normalized outputs"),
+    (lambda m1, l1, a1, m2, l2, a2: (torch.minimum(m1, m2), l1 + l2, a1 + a2), "two mistakes at once: neither the sums"),
+])
+def test_merge_names_held_out_styles(buggy, phrase):
+    assert_names(check_merge_partials(buggy), phrase)

@@ -281,3 +281,22 @@ def penalty_on(transform):
 ])
 def test_penalty_names_more_mistakes(buggy, phrase):
     assert_names(check_repetition_penalty(buggy), phrase)
+
+
+def penalty_through_probabilities(logits, input_ids, penalty):
+    probs = logits.softmax(-1)
+    return probs.scatter(-1, input_ids, probs.gather(-1, input_ids) / penalty).log()
+
+
+def penalty_abs_trick(logits, input_ids, penalty):             # right for positive logits only
+    seen = logits.gather(-1, input_ids)
+    return logits.scatter(-1, input_ids, seen - seen.abs() * (1 - 1 / penalty))
+
+
+@pytest.mark.parametrize("buggy, phrases", [
+    (penalty_through_probabilities, ["applied to the probabilities and their log returned"]),
+    (penalty_abs_trick, ["is wrong in the negative logits of tokens that occurred",
+                         "the logits of tokens that did not occur and the positive logits of tokens that occurred are right"]),
+])
+def test_penalty_names_held_out_styles(buggy, phrases):
+    assert_names(check_repetition_penalty(buggy), *phrases)

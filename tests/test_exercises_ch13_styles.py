@@ -350,3 +350,16 @@ def test_int8_survives_hostile_code():
         return symmetric()(x)
     assert_names(check_int8_quantization(float64_default, lambda q, s: q * s), "set_default_dtype")
     assert torch.get_default_dtype() == torch.float32
+
+
+def test_rolling_buffer_names_a_scaled_key():                  # issue 36: held-out style
+    def half(buffer, k, pos):
+        buffer[:, :, pos % buffer.shape[2]] = 0.5 * k[:, :, 0]
+    assert_names(check_rolling_buffer_update(half), "pos=0", "wrote slot 0 alone", "k times 0.5")
+
+
+def test_block_table_names_blocks_taken_in_turn():
+    def in_turn(pool, table, n):
+        p = torch.arange(n)
+        return pool[table[p % len(table)], p % pool.shape[1]].transpose(0, 1)
+    assert_names(check_block_table_lookup(in_turn), "p % len(block_table)")

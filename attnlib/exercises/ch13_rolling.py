@@ -10,7 +10,7 @@ from collections.abc import Callable
 
 import torch
 
-from attnlib.exercises._core import CandidateError, checker, expect_close, run
+from attnlib.exercises._core import CandidateError, checker, expect_close, matching, run
 from attnlib.exercises.ch07 import _tensor_or_named
 
 __all__ = ["check_rolling_buffer_update"]
@@ -70,6 +70,18 @@ def _one_slot(got: torch.Tensor, before: torch.Tensor, k: torch.Tensor) -> int |
     return changed[0]
 
 
+def _not_k(got: torch.Tensor, before: torch.Tensor, k: torch.Tensor, what: str) -> None:
+    """A CandidateError when one slot alone changed, but to something other than k (k scaled, say)."""
+    changed = (got.double() != before.double()).flatten(3).any(-1).any(0).any(0).nonzero().flatten().tolist()
+    if len(changed) != 1:
+        return
+    written, key = got[:, :, changed[0]].double(), k[:, :, 0].double()
+    c = float((written * key).sum() / (key * key).sum())
+    scaled = f": it is k times {c:.4g}" if torch.allclose(written, c * key, atol=1e-6) else ""
+    raise CandidateError(f"{what} wrote slot {changed[0]} alone, but what it wrote there is not the key k{scaled}; "
+                         f"copy k itself into the slot, buffer[:, :, slot] = k[:, :, 0]")
+
+
 def _wrong_slots(slots: dict[int, int], first: int, shape: tuple[int, ...]) -> str:
     """The rule that gives every slot the reader used, or the slots themselves."""
     W = shape[2]
@@ -114,7 +126,10 @@ def check_rolling_buffer_update(fn: Callable[[torch.Tensor, torch.Tensor, int], 
         if slot is None:
             if first is not None:
                 break
-            expect_close(got, _written(before, k, pos % W), what, atol=0, mistakes=_structural(before, k, pos))
+            mistakes = _structural(before, k, pos)
+            if not matching(got, mistakes, atol=0):
+                _not_k(got, before, k, what)
+            expect_close(got, _written(before, k, pos % W), what, atol=0, mistakes=mistakes)
         slots[pos], buffer = slot, got
         if slot != pos % W and first is None:
             first = pos
