@@ -318,3 +318,12 @@ def _merge_weighted_by_l(m1, l1, acc1, m2, l2, acc2):     # acc taken for normal
 ])
 def test_merge_names_held_out_styles(buggy, phrase):
     assert_names(check_merge_partials(buggy), phrase)
+
+
+def test_merge_names_a_wrong_m_with_right_sums():                   # issue 36, held-out set 2
+    def summed_m(m1, l1, a1, m2, l2, a2):
+        m = torch.maximum(m1, m2)
+        ref = torch.nan_to_num(m, neginf=0.0)
+        f1, f2 = torch.exp(m1 - ref), torch.exp(m2 - ref)
+        return m1 + m2, f1 * l1 + f2 * l2, f1[..., None] * a1 + f2[..., None] * a2
+    assert_names(check_merge_partials(summed_m), "l and acc are right for the reference m = max(m1, m2)")

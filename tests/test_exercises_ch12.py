@@ -300,3 +300,10 @@ def penalty_abs_trick(logits, input_ids, penalty):             # right for posit
 ])
 def test_penalty_names_held_out_styles(buggy, phrases):
     assert_names(check_repetition_penalty(buggy), *phrases)
+
+
+def test_induction_names_the_head_average_spread_over_heads():       # issue 36, held-out set 2
+    def spread(w, period):
+        q = torch.arange(w.shape[-1] - period, w.shape[-1])
+        return w[:, q, q - period + 1].mean().expand(w.shape[0])
+    assert_names(check_induction_score(spread), "gives every head the same score")

@@ -363,3 +363,20 @@ def test_block_table_names_blocks_taken_in_turn():
         p = torch.arange(n)
         return pool[table[p % len(table)], p % pool.shape[1]].transpose(0, 1)
     assert_names(check_block_table_lookup(in_turn), "p % len(block_table)")
+
+
+def test_rolling_buffer_names_any_constant_offset():                 # issue 36, held-out set 2
+    assert_names(check_rolling_buffer_update(lambda b, k, p: written(b, k, (p + 2) % b.shape[2])),
+                 "slot (pos + 2) % W: the slot is off by 2")
+
+
+def test_block_table_names_a_reversed_table():
+    assert_names(check_block_table_lookup(lambda pool, t, S: pool[t.flip(0)].flatten(0, 1)[:S].transpose(0, 1)),
+                 "the block table read backwards")
+
+
+def test_int8_names_uint8_offset_left_in():
+    def offset(x):
+        s = amax(x).clamp_min(1e-8) / 127
+        return (torch.round(x / s) + 128).to(torch.uint8), s
+    assert_names(check_int8_quantization(offset, lambda q, s: q.float() * s), "leaves uint8's offset in")

@@ -40,9 +40,13 @@ def check_induction_score(fn: Callable[[torch.Tensor, int], torch.Tensor]) -> st
         second = range(T - period, T)                          # the queries of the second block
         got = run(fn, weights.clone(), period, what=what)
         as_tensor(got, what)
-        if got.dim() == 0 and matching(got, {"mean": induction_score(weights, period).mean()}):
+        mean = induction_score(weights, period).mean()
+        if got.dim() == 0 and matching(got, {"mean": mean}):
             raise CandidateError(f"{what} is one number, the average over the heads too: return one score "
                                  f"per head, shape ({H},)")
+        if got.shape == (H,) and matching(got, {"mean": mean.expand(H)}):
+            raise CandidateError(f"{what} gives every head the same score, the average over the heads too: "
+                                 f"average over the queries only (dim=-1), one score per head")
         got = full_precision(as_tensor(got, what, shape=(H,)), what)
         named = {period - 1, period, period + 1, 1, period - 1 + prefix}     # the offsets named below
         mistakes = {f"key i - {shift} for each query i of the second block: the token after the earlier occurrence "

@@ -122,6 +122,8 @@ def check_block_table_lookup(fn: Callable[[torch.Tensor, torch.Tensor, int], tor
                 "- 1, in the table's order": pool[table.sort().values].flatten(0, 1)[:S].transpose(0, 1),
                 "positions and heads mixed by a reshape: move the head axis with transpose/permute, not view":
                     blocks.reshape(H_kv, n * bs, Dh)[:, :S],
+                "the block table read backwards (block_table.flip(0), or indices counted from the end): entry 0 "
+                "holds the block of positions 0 .. block_size - 1": pool[table.flip(0)].flatten(0, 1)[:S].transpose(0, 1),
                 "the block index taken as p % len(block_table) (the table's blocks in turn, one position each): "
                 "position p is in block block_table[p // block_size], at slot p % block_size":
                     pool[table[p % n], p % bs].transpose(0, 1),

@@ -68,15 +68,20 @@ def _mistakes(x: torch.Tensor) -> dict[str, torch.Tensor]:
     }
 
 
-def _own_mistakes(q: torch.Tensor, rest: list) -> dict[str, torch.Tensor]:
+def _own_mistakes(q: torch.Tensor, rest: list, x: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
     """What the reader's own (q, scale[, zero point]) give under the usual slips of dequantize."""
-    q, rest = q.double(), [t.double() for t in rest if isinstance(t, torch.Tensor)]
+    q_dtype, q, rest = q.dtype, q.double(), [t.double() for t in rest if isinstance(t, torch.Tensor)]
     try:
         if not rest or torch.broadcast_shapes(q.shape, *(t.shape for t in rest)) != q.shape:
             return {}
     except RuntimeError:  # scales of a shape that does not broadcast against q: the reader reshapes them
         return {}
     scale, found = rest[0], {"dequantize returns q itself, without its scale: x̂ = q · scale": q}
+    right_after_offset = x is not None and len(rest) == 1 and bool(
+        (((q - 128) * scale - x.double()).abs() <= _BOUND * x.double().abs().amax(-1, keepdim=True)).all())
+    if q_dtype == torch.uint8 and right_after_offset:
+        found["dequantize leaves uint8's offset in: q holds round(x / scale) + 128, so take 128 off before scaling, "
+              "x̂ = (q - 128) · scale"] = q * scale
     if len(rest) == 1:
         found["dequantize multiplies q by 127 · scale (by max|x|, not max|x| / 127): x̂ = q · scale"] = q * scale * 127
         found["dequantize divides by the scale: x̂ = q · scale"] = q / torch.where(scale != 0, scale, 1.0)
@@ -173,7 +178,7 @@ def check_int8_quantization(quantize: Callable[[torch.Tensor], tuple], dequantiz
     if worst <= _BOUND:
         raise CandidateError(f"{what} returns {extra} scale numbers for {vectors} vectors: keep one scale per "
                              f"vector (per token and head), or the scales take more room than the int8 values save")
-    found = matching(x_hat, {**_mistakes(x), **_own_mistakes(q, rest)}, atol=1e-5)
+    found = matching(x_hat, {**_mistakes(x), **_own_mistakes(q, rest, x)}, atol=1e-5)
     raise CandidateError(f"dequantize(*quantize(x)) is off by up to {worst:.3g} · max|x| of a vector, more than "
                          f"rounding's half step (1/254)" + (f": it matches {' and '.join(found)}" if found else
                                                             _factor(x, x_hat, amax) or _wrapped(q, x, x_hat, amax)))

@@ -35,6 +35,9 @@ def _slot_rules(shape: tuple[int, ...]) -> dict[str, Callable[[int], int]]:
         "the slot taken modulo W - 1 (pos % (W - 1)): only W - 1 slots are used, so a key is overwritten one step "
         "early; slot = pos % W, with W = buffer.shape[2]": lambda pos: pos % (W - 1),
     }
+    for c in range(2, W - 1):
+        rules[f"the key written into slot (pos + {c}) % W: the slot is off by {c}; position pos goes to slot "
+              f"pos % W"] = lambda pos, c=c: (pos + c) % W
     for axis in (0, 1, 3):
         s = shape[axis]
         if s != W and s not in shape[:axis]:
