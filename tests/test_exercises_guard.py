@@ -118,3 +118,11 @@ def test_an_answer_that_ends_the_process_is_stopped_and_named(call):
     shown = call.replace("os.getpid()", str(os.getpid()))
     assert not result.passed and f"called {shown}" in result.message and "ends the whole process" in result.message
     assert all(f.__module__ in ("posix", "_signal") for f in (os._exit, os.abort, os.kill, signal.raise_signal))
+
+
+def test_a_new_tensor_method_of_the_readers_own_name_is_left_alone():
+    torch.Tensor.my_window = lambda self: self
+    try:
+        assert check_sliding_window_mask(_window).passed and torch.Tensor.my_window
+    finally:
+        del torch.Tensor.my_window

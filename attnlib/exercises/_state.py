@@ -54,7 +54,8 @@ def _by_library(value: object, saved: dict) -> bool:
 
 def restore_torch(saved: dict | None = None) -> list[str]:
     """Put back every function of `saved` (default: as at import) that the reader's code replaced or deleted,
-    and remove methods it added to torch.Tensor (they shadow torch's own); the names of what was put back.
+    and remove methods it added to torch.Tensor that shadow torch's own (torch.Tensor.equal = ...: the C base
+    class defines equal); the names of what was put back. A new method of the reader's own name is left alone.
     A replacement made by a library is kept, and becomes the saved one."""
     saved = _ORIGINAL if saved is None else saved
     now, found = _functions(), []
@@ -68,7 +69,7 @@ def restore_torch(saved: dict | None = None) -> list[str]:
         setattr(_WATCHED[space], name, value)
         found.append(f"{space}.{name}")
     for space, name in now.keys() - saved.keys():
-        if space == "torch.Tensor":
+        if space == "torch.Tensor" and any(hasattr(base, name) for base in torch.Tensor.__bases__):  # shadows one
             delattr(torch.Tensor, name)
             found.append(f"torch.Tensor.{name}")
     return found
