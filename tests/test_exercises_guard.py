@@ -38,6 +38,15 @@ def test_a_cold_import_inside_the_answer_does_not_count_against_the_limit(slow_m
         assert torch.equal(run(answer, torch.ones(2)), torch.full((2,), 2.0))
 
 
+def test_a_lazy_import_through_import_module_does_not_count_either(slow_module):
+    import importlib
+
+    def answer(x):                     # transformers' lazy modules import this way on attribute access
+        return x * importlib.import_module(slow_module).VALUE
+    with limited_to(0.5):
+        assert torch.equal(run(answer, torch.ones(2)), torch.full((2,), 2.0))
+
+
 def test_the_reader_code_after_a_cold_import_is_still_limited_and_its_line_quoted(slow_module):
     def answer(x):
         __import__(slow_module)

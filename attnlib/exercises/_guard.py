@@ -13,6 +13,7 @@ from __future__ import annotations
 import builtins
 import contextlib
 import ctypes
+import importlib
 import signal
 import sys
 import threading
@@ -77,18 +78,21 @@ class _Clock:
 
 @contextlib.contextmanager
 def _imports_timed(clock: _Clock) -> Iterator[None]:
-    """builtins.__import__ wrapped for the block so that the clock knows when the code is importing."""
-    original = builtins.__import__
+    """builtins.__import__ (the import statement) and importlib.import_module (transformers' lazy modules)
+    wrapped for the block, so that the clock knows when the code is importing."""
+    originals = builtins.__import__, importlib.import_module
 
-    def timed_import(*args, **kwargs):
-        with clock.importing():
-            return original(*args, **kwargs)
+    def timed(original):
+        def timed_import(*args, **kwargs):
+            with clock.importing():
+                return original(*args, **kwargs)
+        return timed_import
 
-    builtins.__import__ = timed_import
+    builtins.__import__, importlib.import_module = map(timed, originals)
     try:
         yield
     finally:
-        builtins.__import__ = original
+        builtins.__import__, importlib.import_module = originals
 
 
 def _due(clock: _Clock, limit: float) -> float:
