@@ -301,3 +301,29 @@ def _kv_with(project):
 ])
 def test_memory_kv_names_more_mistakes(buggy, phrase):
     assert_names(check_memory_kv(buggy), phrase)
+
+
+def _block_pre_ln_final_norm3(x, memory, self_attn, cross_attn, ffn, norm1, norm2, norm3):
+    x = x + self_attn(norm1(x))
+    x = x + cross_attn(norm2(x), memory)
+    return norm3(x + ffn(norm3(x)))
+
+
+def _block_ffn_residual_from_h1(x, memory, self_attn, cross_attn, ffn, norm1, norm2, norm3):
+    h1 = norm1(x + self_attn(x))
+    h2 = norm2(h1 + cross_attn(h1, memory))
+    return norm3(h1 + ffn(h2))
+
+
+def _kv_no_transpose_no_bias(attn, memory):
+    D, w = memory.shape[-1], attn.qkv.weight
+    return split_heads(memory @ w[D:2 * D], 4), split_heads(memory @ w[2 * D:], 4)
+
+
+@pytest.mark.parametrize("check, buggy, phrase", [                    # issue 36, held-out set 3
+    (check_decoder_block, _block_pre_ln_final_norm3, "with norm3 applied once more at the end"),
+    (check_decoder_block, _block_ffn_residual_from_h1, "the residual around the FFN adds h1"),
+    (check_memory_kv, _kv_no_transpose_no_bias, "without the transpose, and the bias left out"),
+])
+def test_chapter_11_names_held_out_styles(check, buggy, phrase):
+    assert_names(check(buggy), phrase)

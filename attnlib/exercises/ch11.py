@@ -98,6 +98,9 @@ def check_memory_kv(fn: Callable[[MultiHeadAttention, torch.Tensor], tuple[torch
                 "memory @ W without the transpose: nn.Linear stores W as (out, in) and computes x @ W.T + b "
                 "(F.linear(memory, W, b))": (memory @ w[D:2 * D] + b[D:2 * D] if name == "k" else
                                              memory @ w[2 * D:] + b[2 * D:]).unflatten(-1, (H, -1)).transpose(1, 2),
+                "memory @ W without the transpose, and the bias left out: nn.Linear computes x @ W.T + b "
+                "(F.linear(memory, W, b))": (memory @ (w[D:2 * D] if name == "k" else w[2 * D:]))
+                .unflatten(-1, (H, -1)).transpose(1, 2),
                 "attn.out, the output projection W_o, used: k and v come from rows D..3D of attn.qkv; attn.out maps "
                 "the merged heads back to d_model after the attention": attn.out(memory).unflatten(-1, (H, -1))
                 .transpose(1, 2),

@@ -23,6 +23,7 @@ def _post(x: torch.Tensor, norm: Callable, f: Callable) -> torch.Tensor:
 
 
 _SUBLAYERS = ("self-attention", "cross-attention", "the FFN")
+_STATES = ("x, the block's input", "h1, the output of the self-attention step", "h2, the output of the cross-attention step")
 
 
 def _arrangement(order: tuple[int, ...], norms: tuple[int, ...]) -> str:
@@ -59,8 +60,16 @@ def _block_mistakes(x, memory, sa, ca, ffn, n1, n2, n3) -> dict[str, torch.Tenso
             for i, n in zip(order, placed):
                 h = _post(h, norms[n], sublayers[i])
             found[_arrangement(order, tuple(placed))] = h
+    for sources in ((0, 0, 1), (0, 0, 2), (0, 1, 0), (0, 1, 1)):   # the residual of each step from another state
+        states = [x]
+        for f, norm, src in zip((sa, cross, ffn), (n1, n2, n3), sources):
+            states.append(norm(states[src] + f(states[-1])))
+        wrong = [f"the residual around {_SUBLAYERS[i]} adds {_STATES[src]}" for i, src in enumerate(sources) if src != i]
+        found["; and ".join(wrong) + ": each residual adds its own sublayer's input, h = norm(h + f(h))"] = states[-1]
     h = _post(x, n1, sa)
     return found | {
+        "pre-LN, x + f(LN(x)), with norm3 applied once more at the end (a pre-LN stack's final norm): this block "
+        "is post-LN as in the paper and nn.Transformer, LN(x + f(x))": n3(pre(pre(pre(x, n1, sa), n2, cross), n3, ffn)),
         "pre-LN, x + f(LN(x)): this block is post-LN as in the paper and nn.Transformer, LN(x + f(x))":
             pre(pre(pre(x, n1, sa), n2, cross), n3, ffn),
         "the norm inside the residual, x + LN(f(x)): add first, then normalize, LN(x + f(x))":
