@@ -1,6 +1,7 @@
 """Chapter 12's checkers: correct answers in several styles pass, each classic mistake is named, stubs and
 crashes are handled."""
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -307,3 +308,18 @@ def test_induction_names_the_head_average_spread_over_heads():       # issue 36,
         q = torch.arange(w.shape[-1] - period, w.shape[-1])
         return w[:, q, q - period + 1].mean().expand(w.shape[0])
     assert_names(check_induction_score(spread), "gives every head the same score")
+
+
+def test_top_p_boundary_case_holds_for_a_softmax_without_the_max_subtracted():
+    def manual(logits, p):                                     # numpy, exp without the max, a stable loop
+        x = logits.numpy()
+        probs = np.exp(x) / np.exp(x).sum(-1, keepdims=True)
+        out = x.copy()
+        for b in range(x.shape[0]):
+            total = 0.0
+            for t in np.argsort(-probs[b], kind="stable"):
+                if total >= p:
+                    out[b, t] = -np.inf
+                total += probs[b, t]
+        return torch.from_numpy(out)
+    assert check_top_p_filter(manual).passed

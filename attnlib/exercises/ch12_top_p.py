@@ -53,7 +53,7 @@ def _as_filtered(got: torch.Tensor, logits: torch.Tensor, what: str) -> torch.Te
 def _tie_cases() -> list[tuple[torch.Tensor, float]]:
     """Logits with ties that the nucleus cuts through, and uniform rows whose sums reach p exactly."""
     tied = torch.tensor([[3.0, 1, 1, 1, 1, 0, -1, -2], [0.5, 2, 2, -1, 2, 0, 1, -3]], dtype=torch.float64)
-    uniform = torch.tensor([[0.0] * 8, [1.5] * 8], dtype=torch.float64)   # every probability 1/8, exactly
+    uniform = torch.zeros(2, 8, dtype=torch.float64)   # exp(0) = 1: every probability 1/8, exactly, however computed
     return [(tied, 0.66), (tied, 0.45), (uniform, 0.5), (uniform, 0.25)]
 
 
