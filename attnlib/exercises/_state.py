@@ -13,7 +13,9 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import site
 import sys
+import sysconfig
 from collections.abc import Iterator
 
 import torch
@@ -35,13 +37,17 @@ def _functions() -> dict[tuple[str, str], object]:
 
 
 _ORIGINAL = _functions()
+_LIBS = ("stdlib", "platstdlib", "purelib", "platlib")
 LIBRARY_DIRS = tuple(os.path.dirname(os.path.abspath(m.__file__)) + os.sep
                      for m in (torch, sys.modules["attnlib"]) if getattr(m, "__file__", None))
-LIBRARY_DIRS += tuple({os.path.join(p, "lib") for p in (sys.prefix, sys.base_prefix)})
+LIBRARY_DIRS += tuple({os.path.join(p, "lib") for p in (sys.prefix, sys.base_prefix)} |
+                      {os.path.abspath(p) + os.sep for p in (*site.getsitepackages(), site.getusersitepackages(),
+                                                             *(sysconfig.get_paths()[k] for k in _LIBS))})
 
 
 def library_file(filename: str) -> bool:
-    """Whether code in `filename` belongs to torch, attnlib, an installed library or Python itself."""
+    """Whether code in `filename` belongs to torch, attnlib, an installed library (in a venv, the system's
+    site-packages or the user's) or Python itself: the frames a message never calls the reader's code."""
     return filename.startswith("<frozen") or os.path.abspath(filename).startswith(LIBRARY_DIRS)
 
 
