@@ -81,7 +81,9 @@ def drill(*args: str, **kwargs) -> subprocess.CompletedProcess:
     ("import sys\nsys.exit()\n" + answer(), None, 1, ["FAILED", "called sys.exit() at line 2", "__main__"]),
     ("import sys\nsys.exit(0)\n" + answer(), None, 1, ["FAILED", "called sys.exit(0) at line 2"]),
     ("raise SystemExit\n" + answer(), None, 1, ["FAILED", "called sys.exit() at line 1: `raise SystemExit`"]),
-    ("import os\nos._exit(0)\n" + answer(), None, 1, ["FAILED", "ended without a verdict", "status 0", "os._exit"]),
+    ("import os\nos._exit(0)\n" + answer(), None, 1, ["FAILED", "called os._exit(0) at line 2", "no class could be checked"]),
+    ("import os\nos.kill(os.getpid(), 9)\n" + answer(), None, 1, ["FAILED", "called os.kill(", "no class could be checked"]),
+    ("import ctypes\nctypes.string_at(0)\n" + answer(), None, 1, ["FAILED", "ended without a verdict", "signal 11"]),
     # issue 28: a loop at import, in __init__, in forward: stopped and named, with the line
     (LOOP + answer(), None, 1, ["FAILED", "loading", "did not finish within 0.5 s", "at line 2: `while True:`"]),
     (answer().replace("super().__init__()", "super().__init__()\n        while True:\n            pass"), None, 1,
@@ -92,7 +94,7 @@ def drill(*args: str, **kwargs) -> subprocess.CompletedProcess:
     ("import signal\n" + answer().replace("B, T, D = x.shape", "signal.signal(signal.SIGALRM, signal.SIG_IGN)\n"
                                           "        while True:\n            pass"), None, 1,
      ["FAILED", "forward(x) did not return within 0.5 s"]),
-    ("import os, signal\nos.kill(os.getpid(), signal.SIGSTOP)\n" + answer(), None, 1,
+    ("import signal, threading\nsignal.pthread_kill(threading.main_thread().ident, signal.SIGSTOP)\n" + answer(), None, 1,
      ["FAILED", "did not finish within 7 s and was stopped", "kept running past the time limit of 0.5 s"]),
     # torch's global state changed while the file loads; prints are not shown
     ("import torch\ntorch.set_default_dtype(torch.float64)\n" + answer(), None, 1,

@@ -285,3 +285,45 @@ def test_tile_step_names_more_mistakes(bug, phrase):
 ])
 def test_tile_step_names_a_wrong_state(wrong, phrases):
     assert_names(check_tile_step(wrong), *phrases)
+
+
+def _merge_min(m1, l1, acc1, m2, l2, acc2, guard=True):
+    m = torch.minimum(m1, m2)
+    ref = torch.where(m.isinf(), torch.zeros_like(m), m) if guard else m
+    f1, f2 = torch.exp(m1 - ref), torch.exp(m2 - ref)
+    return m, l1 * f1 + l2 * f2, acc1 * f1[..., None] + acc2 * f2[..., None]
+
+
+@pytest.mark.parametrize("buggy, phrase", [                     # issue 36: named, one each
+    (lambda m1, l1, a1, m2, l2, a2: (torch.maximum(m1, m2), l1 + l2, a1 + a2), "neither the sums nor the accumulators"),
+    (_merge_min, "the minimum taken for the reference, m = min(m1, m2): exp"),
+    (lambda *a: _merge_min(*a, guard=False), "and exp(-inf - (-inf)) = NaN where a block is empty"),
+])
+def test_merge_names_more_mistakes(buggy, phrase):
+    result = check_merge_partials(buggy)
+    assert not result.passed and phrase in result.message and " and the " not in result.message, result.message
+
+
+def _merge_weighted_by_l(m1, l1, acc1, m2, l2, acc2):     # acc taken for normalized outputs (o, lse merges)
+    m = torch.maximum(m1, m2)
+    safe = torch.where(torch.isinf(m), torch.zeros_like(m), m)
+    w1, w2 = torch.exp(m1 - safe) * l1, torch.exp(m2 - safe) * l2
+    l = w1 + w2
+    return m, l, (w1.unsqueeze(-1) * acc1 + w2.unsqueeze(-1) * acc2) / l.clamp_min(1e-30).unsqueeze(-1)
+
+
+@pytest.mark.parametrize("buggy, phrase", [                     # issue 36: held-out styles
+    (_merge_weighted_by_l, "the accumulators taken for normalized outputs"),
+    (lambda m1, l1, a1, m2, l2, a2: (torch.minimum(m1, m2), l1 + l2, a1 + a2), "two mistakes at once: neither the sums"),
+])
+def test_merge_names_held_out_styles(buggy, phrase):
+    assert_names(check_merge_partials(buggy), phrase)
+
+
+def test_merge_names_a_wrong_m_with_right_sums():                   # issue 36, held-out set 2
+    def summed_m(m1, l1, a1, m2, l2, a2):
+        m = torch.maximum(m1, m2)
+        ref = torch.nan_to_num(m, neginf=0.0)
+        f1, f2 = torch.exp(m1 - ref), torch.exp(m2 - ref)
+        return m1 + m2, f1 * l1 + f2 * l2, f1[..., None] * a1 + f2[..., None] * a2
+    assert_names(check_merge_partials(summed_m), "l and acc are right for the reference m = max(m1, m2)")

@@ -243,3 +243,87 @@ def test_memory_kv_names_the_mistake(buggy, phrases):
 def test_memory_kv_stub_and_crash():
     assert check_memory_kv(stub).status == "not attempted yet"
     assert_names(check_memory_kv(lambda a, m: a.wk(m)), "raised AttributeError")
+
+
+# --- issue 36: the first held-out set's unnamed mistakes ------------------------------------------
+
+@pytest.mark.parametrize("buggy, phrases", [
+    (lambda tgt, bos: torch.cat([torch.ones_like(tgt[:, :1]), tgt[:, :-1]], 1),
+     ["bos=0", "position 0 holds 1, not bos = 0", "hard-coded"]),
+    (lambda tgt, bos: torch.cat([tgt[:, 1:], torch.full_like(tgt[:, :1], -100)], 1),
+     ["the targets shifted left", "[-100] at the end", "labels"]),
+])
+def test_shift_right_names_more_mistakes(buggy, phrases):
+    assert_names(check_shift_right(buggy), *phrases)
+
+
+def _block(self_mask=None, residual_from_x=False, norm3_twice=False):
+    def block(x, memory, self_attn, cross_attn, ffn, norm1, norm2, norm3):
+        T = x.shape[1]
+        h = norm1(x + (self_attn(x) if self_mask is None else self_attn(x, self_mask(T))))
+        h = norm2((x if residual_from_x else h) + cross_attn(h, memory))
+        out = norm3((x if residual_from_x else h) + ffn(h))
+        return norm3(out) if norm3_twice else out
+    return block
+
+
+@pytest.mark.parametrize("answer", [_block(lambda T: torch.ones(T, T, dtype=torch.bool).tril()),
+                                    _block(lambda T: torch.zeros(T, T).masked_fill(
+                                        ~torch.ones(T, T, dtype=torch.bool).tril(), float("-inf")).double())])
+def test_decoder_block_accepts_a_causal_mask_passed_to_self_attn(answer):
+    result = check_decoder_block(answer)
+    assert result.passed, result.message
+
+
+@pytest.mark.parametrize("buggy, phrases", [
+    (_block(residual_from_x=True), ["the block's input x added back in every residual"]),
+    (_block(norm3_twice=True), ["norm3 applied twice"]),
+    (_block(lambda T: torch.tril(torch.ones(T, T))), ["torch.float32 mask of 0s and 1s", "*added* to the scores",
+                                                       "is bool, True = may attend"]),
+])
+def test_decoder_block_names_more_mistakes(buggy, phrases):
+    assert_names(check_decoder_block(buggy), *phrases)
+
+
+def _kv_with(project):
+    def memory_kv(attn, memory):
+        D = memory.shape[-1]
+        w, b = attn.qkv.weight, attn.qkv.bias
+        k, v = project(attn, memory, w[D:2 * D], b[D:2 * D]), project(attn, memory, w[2 * D:], b[2 * D:], True)
+        return split_heads(k, 4), split_heads(v, 4)
+    return memory_kv
+
+
+@pytest.mark.parametrize("buggy, phrase", [
+    (_kv_with(lambda attn, m, w, b, is_v=False: m @ w + b), "memory @ W without the transpose"),
+    (_kv_with(lambda attn, m, w, b, is_v=False: attn.out(m) if is_v else F.linear(m, w, b)),
+     "attn.out, the output projection W_o, used"),
+])
+def test_memory_kv_names_more_mistakes(buggy, phrase):
+    assert_names(check_memory_kv(buggy), phrase)
+
+
+def _block_pre_ln_final_norm3(x, memory, self_attn, cross_attn, ffn, norm1, norm2, norm3):
+    x = x + self_attn(norm1(x))
+    x = x + cross_attn(norm2(x), memory)
+    return norm3(x + ffn(norm3(x)))
+
+
+def _block_ffn_residual_from_h1(x, memory, self_attn, cross_attn, ffn, norm1, norm2, norm3):
+    h1 = norm1(x + self_attn(x))
+    h2 = norm2(h1 + cross_attn(h1, memory))
+    return norm3(h1 + ffn(h2))
+
+
+def _kv_no_transpose_no_bias(attn, memory):
+    D, w = memory.shape[-1], attn.qkv.weight
+    return split_heads(memory @ w[D:2 * D], 4), split_heads(memory @ w[2 * D:], 4)
+
+
+@pytest.mark.parametrize("check, buggy, phrase", [                    # issue 36, held-out set 3
+    (check_decoder_block, _block_pre_ln_final_norm3, "with norm3 applied once more at the end"),
+    (check_decoder_block, _block_ffn_residual_from_h1, "the residual around the FFN adds h1"),
+    (check_memory_kv, _kv_no_transpose_no_bias, "without the transpose, and the bias left out"),
+])
+def test_chapter_11_names_held_out_styles(check, buggy, phrase):
+    assert_names(check(buggy), phrase)

@@ -1,6 +1,7 @@
 """Chapter 12's checkers: correct answers in several styles pass, each classic mistake is named, stubs and
 crashes are handled."""
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -49,7 +50,7 @@ def top_p_loops(logits, p):                             # plain Python, finfo.mi
     return out
 
 
-@pytest.mark.parametrize("answer", [top_p_sorted_desc, top_p_hf_style, top_p_shift_right, top_p_loops])
+@pytest.mark.parametrize("answer", [top_p_sorted_desc, top_p_hf_style, top_p_loops])
 def test_top_p_accepts_correct_answers(answer):
     result = check_top_p_filter(answer)
     assert result.passed, result.message
@@ -76,6 +77,38 @@ def _keep_sorted(logits, p, rule):
     (lambda l, p: l.copy_(top_p_sorted_desc(l, p)), ["changed l in place"]),
 ])
 def test_top_p_names_the_mistake(buggy, phrases):
+    assert_names(check_top_p_filter(buggy), *phrases)
+
+
+def top_p_keeps_ties(logits, p):                         # a threshold on the last kept probability
+    probs = logits.softmax(-1)
+    desc = probs.sort(-1, descending=True).values
+    n = (desc.cumsum(-1) - desc < p).sum(-1, keepdim=True)
+    return logits.masked_fill(probs < desc.gather(-1, n - 1), float("-inf"))
+
+
+def top_p_sorted_mask_unsorted(logits, p):
+    probs, order = logits.softmax(-1).sort(-1, descending=True)
+    return logits.masked_fill(probs.cumsum(-1) - probs >= p, float("-inf"))
+
+
+def top_p_batch_softmax(logits, p):
+    probs, order = logits.softmax(0).sort(-1, descending=True)
+    drop = probs.cumsum(-1) - probs >= p
+    return logits.masked_fill(drop.scatter(-1, order, drop), float("-inf"))
+
+
+@pytest.mark.parametrize("buggy, phrases", [                # issue 36: ties, the exact boundary, unnamed ones
+    (top_p_keeps_ties, ["p=0.66", "every token tied with the last one of the nucleus kept", "TopPLogitsWarper"]),
+    (top_p_shift_right, ["p=0.5", "the mass before it is <= p", "shifted right by one"]),
+    (top_p_sorted_mask_unsorted, ["mask computed on the sorted probabilities applied to the logits in vocabulary"]),
+    (top_p_batch_softmax, ["the softmax over the batch axis (dim=0)"]),
+    (lambda l, p: top_p_sorted_desc(l, p * 0.7), ["nucleus of a different p", "instead of p = 0.9"]),
+    (lambda l, p: top_p_sorted_desc(l, 1 - p), ["nucleus of 1 - p = 0.1"]),
+    (lambda l, p: top_p_sorted_desc(l, p).index_fill(-1, torch.tensor([0]), float("-inf")),
+     ["row 3 keeps 9 tokens where its nucleus has 10", "token 0 (the 2nd most likely", "is removed but should be kept"]),
+])
+def test_top_p_names_ties_boundaries_and_more(buggy, phrases):
     assert_names(check_top_p_filter(buggy), *phrases)
 
 
@@ -209,3 +242,84 @@ def test_penalty_names_the_mistake(buggy, phrases):
 def test_penalty_stub_and_crash():
     assert check_repetition_penalty(stub).status == "not attempted yet"
     assert_names(check_repetition_penalty(lambda l, i, p: l[i]), "has shape")
+
+
+# --- issue 36: more mistakes named ----------------------------------------------------------------
+
+def _induction_on(queries_of):
+    def score(weights, period):
+        q = queries_of(weights.shape[-1], period)
+        return weights[:, q, q - period + 1].mean(-1)
+    return score
+
+
+@pytest.mark.parametrize("buggy, phrase", [
+    (_induction_on(lambda T, R: torch.arange(T - R + 1, T)), "the first query of the second block left out"),
+    (_induction_on(lambda T, R: torch.arange(T - R, T - 1)), "the last query of the sequence left out"),
+    (_induction_on(lambda T, R: torch.arange(T - 2 * R, T)), "both copies averaged"),
+])
+def test_induction_names_more_mistakes(buggy, phrase):
+    assert_names(check_induction_score(buggy), phrase)
+
+
+def penalty_scatter_add(logits, input_ids, penalty):
+    seen = logits.gather(-1, input_ids)
+    return logits.scatter_add(-1, input_ids, torch.where(seen > 0, seen / penalty, seen * penalty) - seen)
+
+
+def penalty_on(transform):
+    def apply(logits, input_ids, penalty):
+        x = transform(logits)
+        seen = x.gather(-1, input_ids)
+        return x.scatter(-1, input_ids, torch.where(seen > 0, seen / penalty, seen * penalty))
+    return apply
+
+
+@pytest.mark.parametrize("buggy, phrase", [
+    (penalty_scatter_add, "the change added once per occurrence"),
+    (penalty_on(lambda x: x.softmax(-1)), "the penalty applied after the softmax"),
+    (penalty_on(lambda x: x.log_softmax(-1)), "the penalty applied to log-probabilities"),
+])
+def test_penalty_names_more_mistakes(buggy, phrase):
+    assert_names(check_repetition_penalty(buggy), phrase)
+
+
+def penalty_through_probabilities(logits, input_ids, penalty):
+    probs = logits.softmax(-1)
+    return probs.scatter(-1, input_ids, probs.gather(-1, input_ids) / penalty).log()
+
+
+def penalty_abs_trick(logits, input_ids, penalty):             # right for positive logits only
+    seen = logits.gather(-1, input_ids)
+    return logits.scatter(-1, input_ids, seen - seen.abs() * (1 - 1 / penalty))
+
+
+@pytest.mark.parametrize("buggy, phrases", [
+    (penalty_through_probabilities, ["applied to the probabilities and their log returned"]),
+    (penalty_abs_trick, ["is wrong in the negative logits of tokens that occurred",
+                         "the logits of tokens that did not occur and the positive logits of tokens that occurred are right"]),
+])
+def test_penalty_names_held_out_styles(buggy, phrases):
+    assert_names(check_repetition_penalty(buggy), *phrases)
+
+
+def test_induction_names_the_head_average_spread_over_heads():       # issue 36, held-out set 2
+    def spread(w, period):
+        q = torch.arange(w.shape[-1] - period, w.shape[-1])
+        return w[:, q, q - period + 1].mean().expand(w.shape[0])
+    assert_names(check_induction_score(spread), "gives every head the same score")
+
+
+def test_top_p_boundary_case_holds_for_a_softmax_without_the_max_subtracted():
+    def manual(logits, p):                                     # numpy, exp without the max, a stable loop
+        x = logits.numpy()
+        probs = np.exp(x) / np.exp(x).sum(-1, keepdims=True)
+        out = x.copy()
+        for b in range(x.shape[0]):
+            total = 0.0
+            for t in np.argsort(-probs[b], kind="stable"):
+                if total >= p:
+                    out[b, t] = -np.inf
+                total += probs[b, t]
+        return torch.from_numpy(out)
+    assert check_top_p_filter(manual).passed

@@ -37,8 +37,8 @@ def window_numpy(T, window):
     return (j <= i) & (j > i - window)
 
 
-@pytest.mark.parametrize("answer", [window_by_distance, window_by_triangles, window_in_loops, window_additive_4d,
-                                    window_numpy, lambda T, w: window_by_distance(T, w).int()])
+@pytest.mark.parametrize("answer", [window_by_distance, window_by_triangles,
+                                    lambda T, w: window_by_distance(T, w)[None, None]])
 def test_sliding_window_mask_accepts_correct_answers(answer):
     result = check_sliding_window_mask(answer)
     assert result.passed, result
@@ -54,7 +54,11 @@ def test_sliding_window_mask_accepts_correct_answers(answer):
     (lambda T, w: torch.ones(T, T, dtype=torch.bool).tril(), ["plain causal mask"]),
     (lambda T, w: torch.arange(T)[None, :] > torch.arange(T)[:, None] - w, ["without the causal limit"]),
     (lambda T, w: torch.ones(T, T, dtype=torch.bool).tril() & (torch.arange(T) < w), ["first `window` keys"]),
-    (lambda T, w: window_by_distance(T, w).float(), ["float mask of 0s and 1s", "Return bool"]),
+    (lambda T, w: window_by_distance(T, w).float(), ["torch.float32 mask of 0s and 1s", "asks for a bool tensor"]),
+    (lambda T, w: window_by_distance(T, w).int(), ["torch.int32 mask of 0s and 1s", "asks for a bool tensor"]),
+    (window_additive_4d, ["an additive float mask", "~mask raises", "asks for a bool tensor"]),
+    (window_in_loops, ["returned a list, not a torch.Tensor", "asks for a bool tensor"]),
+    (window_numpy, ["returned a ndarray, not a torch.Tensor"]),
     (lambda T, w: window_by_distance(T, w)[:-1], ["has shape (8, 9), expected (9, 9)"]),
 ])
 def test_sliding_window_mask_names_the_mistake(buggy, phrases):
@@ -228,13 +232,43 @@ def test_int8_names_the_mistake(quantize, phrases):
     assert_names(check_int8_quantization(quantize, dequantize_book), *phrases)
 
 
+def quantize_unguarded(x):                              # 0 / 0 = NaN on the all-zero vector, cast to int8
+    scale = AMAX(x) / 127
+    return torch.round(x / scale).clamp(-127, 127).to(torch.int8), scale
+
+
+def quantize_scale_amax(x):                             # stores max|x| and puts the 127 into q
+    return torch.round(x / AMAX(x).clamp_min(1e-12) * 127).to(torch.int8), AMAX(x)
+
+
+@pytest.mark.parametrize("quantize, dequantize, phrases", [     # issue 36
+    (quantize_unguarded, dequantize_book, ["casts NaN to an integer", "all-zero vector", "guard the division"]),
+    (lambda x: (torch.round(x / (AMAX(x) / 128).clamp_min(1e-12)).clamp(-128, 127).to(torch.int8), AMAX(x) / 128),
+     dequantize_book, ["max|x| / 128 with q clamped to int8's [-128, 127]"]),
+    (quantize_with(lambda x: AMAX(x)), dequantize_book, ["scale = max|x| (without / 127)"]),
+    (quantize_book, lambda q, scale: q.float(), ["dequantize returns q itself, without its scale"]),
+    (quantize_book, lambda q, scale: q * scale * 127, ["dequantize multiplies q by 127 · scale"]),
+    (quantize_scale_amax, lambda q, scale: q * scale, ["it is x times 127", "one constant factor"]),
+])
+def test_int8_names_more_mistakes(quantize, dequantize, phrases):
+    assert_names(check_int8_quantization(quantize, dequantize), *phrases)
+
+
+def test_int8_clamped_to_int8_range_with_the_right_scale_passes():   # -128 is never reached: not a mistake
+    def quantize(x):
+        scale = AMAX(x) / 127
+        return torch.round(x / scale.clamp_min(1e-12)).clamp(-128, 127).to(torch.int8), scale
+    assert check_int8_quantization(quantize, dequantize_book).passed
+
+
 def test_int8_names_the_nan_of_an_all_zero_vector():
     def asymmetric_unguarded(x):                        # a zero vector: scale 0, zero point -0 / 0 = NaN
         lo, hi = x.amin(-1, keepdim=True), x.amax(-1, keepdim=True)
         scale = (hi - lo) / 255
         zero = torch.round(-lo / scale)
         return torch.clamp(torch.round(x / scale) + zero, 0, 255).to(torch.uint8), scale, zero
-    assert_names(check_int8_quantization(asymmetric_unguarded, dequantize_asymmetric), "contains NaN", "all-zero")
+    assert_names(check_int8_quantization(asymmetric_unguarded, dequantize_asymmetric), "casts NaN to an integer",
+                 "all-zero")
 
 
 def test_int8_stub_crash_and_integer_output():

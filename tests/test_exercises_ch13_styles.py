@@ -59,18 +59,30 @@ def window_bf16_finfo(T, window):
     return torch.zeros(T, T, dtype=torch.bfloat16).masked_fill(hidden, torch.finfo(torch.bfloat16).min)
 
 
-@pytest.mark.parametrize("answer", [window_transformers, window_minus_1e9, window_bf16_finfo, window_loops,
-                                    window_mask_mod,
-                                    lambda T, w: np.tril(np.ones((T, T), int)) - np.tril(np.ones((T, T), int), -w)])
+@pytest.mark.parametrize("answer", [window_loops, window_mask_mod])
 def test_sliding_window_accepts_other_styles(answer):
     passes(check_sliding_window_mask(answer))
+
+
+@pytest.mark.parametrize("answer", [window_transformers, window_minus_1e9, window_bf16_finfo])
+def test_sliding_window_refuses_an_additive_mask_naming_the_rule(answer):   # issue 36: ~mask raises on a float
+    assert_names(check_sliding_window_mask(answer), "an additive float mask", "asks for a bool tensor")
+
+
+def test_sliding_window_refuses_a_zero_answer_under_patched_torch():
+    def zero(T, w):
+        torch.equal = torch.allclose = lambda *a, **k: True
+        return torch.zeros(T, T, dtype=torch.bool)
+    equal = torch.equal
+    assert_names(check_sliding_window_mask(zero), "replaced torch's own torch.allclose, torch.equal")
+    assert torch.equal is equal
 
 
 @pytest.mark.parametrize("buggy, phrases", [
     (lambda T, w: (distance(T) > 0) & (distance(T) <= w), ["the query itself left out"]),
     (lambda T, w: (distance(T) >= 0) & (distance(T) <= w), ["window + 1 keys", "Mistral paper"]),
-    (lambda T, w: torch.zeros(T, T).masked_fill((distance(T) >= 0) & (distance(T) < w), float("-inf")),
-     ["inverted"]),
+    (lambda T, w: (distance(T) < 0) | (distance(T) >= w), ["inverted"]),
+    (lambda T, w: np.tril(np.ones((T, T), int)) - np.tril(np.ones((T, T), int), -w), ["not a torch.Tensor"]),
     (lambda T, w: (torch.arange(T)[:, None] // w == torch.arange(T)[None] // w) & (distance(T) >= 0),
      ["chunked attention"]),
     (lambda T, w: distance(T).abs() <= w // 2, ["symmetric window", "Longformer"]),
@@ -145,9 +157,16 @@ def feature_axis(buffer, k, pos):
     (feature_axis, ["along the last axis"]),
     (lambda b, k, p: torch.cat([written(b.clone(), k, p % b.shape[2])[:1], b[1:]]), ["only the first sequence"]),
     (lambda b, k, p: written(b, k, min(p, b.shape[2] - 1)), ["slot min(pos, W - 1)", "wraps around"]),
+    # issue 36: each named alone, although at the first wrong step another rule writes the same slot
+    (lambda b, k, p: written(b, k, b.shape[2] - 1 - p % b.shape[2]), ["pos=0", "W - 1 - pos % W"]),
+    (lambda b, k, p: written(b, k, p % (b.shape[2] - 1)), ["pos=3", "modulo W - 1"]),
+    (lambda b, k, p: written(b, k, [0, 1, 2, 3, 1][p % 5]), ["pos=4", "wrote the key into slot 1, not slot pos % W = 0",
+                                                              "fit none of the usual mistakes"]),
 ])
 def test_rolling_buffer_names_more_mistakes(buggy, phrases):
-    assert_names(check_rolling_buffer_update(buggy), *phrases)
+    result = check_rolling_buffer_update(buggy)
+    assert_names(result, *phrases)
+    assert " and " not in result.message.split("it matches")[-1][:60], result.message   # one mistake, not two
 
 
 def test_rolling_buffer_survives_hostile_code():
@@ -202,6 +221,10 @@ def by_position(block_of, slot_of):
     (lambda pool, t, S: pool.flatten(0, 1)[t[torch.arange(S) // 4] + torch.arange(S) % 4].transpose(0, 1),
      ["the block number used as a slot index"]),
     (lambda pool, t, S: pool[t[:S // 4]].flatten(0, 1).transpose(0, 1), ["the last, partly filled block is missing"]),
+    (lambda pool, t, S: pool[t.sort().values].flatten(0, 1)[:S].transpose(0, 1),      # issue 36: not "off by one"
+     ["taken in increasing block number (the table sorted"]),
+    (lambda pool, t, S: pool[torch.isin(torch.arange(pool.shape[0]), t)].flatten(0, 1)[:S].transpose(0, 1),
+     ["a mask over the pool's blocks"]),
 ])
 def test_block_table_names_more_mistakes(buggy, phrases):
     assert_names(check_block_table_lookup(buggy), *phrases)
@@ -327,3 +350,33 @@ def test_int8_survives_hostile_code():
         return symmetric()(x)
     assert_names(check_int8_quantization(float64_default, lambda q, s: q * s), "set_default_dtype")
     assert torch.get_default_dtype() == torch.float32
+
+
+def test_rolling_buffer_names_a_scaled_key():                  # issue 36: held-out style
+    def half(buffer, k, pos):
+        buffer[:, :, pos % buffer.shape[2]] = 0.5 * k[:, :, 0]
+    assert_names(check_rolling_buffer_update(half), "pos=0", "wrote slot 0 alone", "k times 0.5")
+
+
+def test_block_table_names_blocks_taken_in_turn():
+    def in_turn(pool, table, n):
+        p = torch.arange(n)
+        return pool[table[p % len(table)], p % pool.shape[1]].transpose(0, 1)
+    assert_names(check_block_table_lookup(in_turn), "p % len(block_table)")
+
+
+def test_rolling_buffer_names_any_constant_offset():                 # issue 36, held-out set 2
+    assert_names(check_rolling_buffer_update(lambda b, k, p: written(b, k, (p + 2) % b.shape[2])),
+                 "slot (pos + 2) % W: the slot is off by 2")
+
+
+def test_block_table_names_a_reversed_table():
+    assert_names(check_block_table_lookup(lambda pool, t, S: pool[t.flip(0)].flatten(0, 1)[:S].transpose(0, 1)),
+                 "the block table read backwards")
+
+
+def test_int8_names_uint8_offset_left_in():
+    def offset(x):
+        s = amax(x).clamp_min(1e-8) / 127
+        return (torch.round(x / s) + 128).to(torch.uint8), s
+    assert_names(check_int8_quantization(offset, lambda q, s: q.float() * s), "leaves uint8's offset in")

@@ -22,6 +22,7 @@ from attnlib.drill.build import _arguments
 from attnlib.drill.checks import check_multi_head_attention
 from attnlib.exercises._core import CandidateError, CheckResult
 from attnlib.exercises._guard import TimeLimit, changed_state, time_limit
+from attnlib.exercises._state import ExitCalled
 
 __all__ = ["UsageError", "load", "choose", "check_file", "LIMIT", "NAME"]
 
@@ -56,7 +57,8 @@ def load(path: Path, seconds: float = LIMIT) -> types.ModuleType:
             raise CandidateError(f"loading {path} did not finish within {seconds:g} s and was stopped{where}: an "
                                  f"infinite loop at the top level of the file?") from None
         if isinstance(exc, SystemExit):
-            raise CandidateError(f"{path} called sys.exit({'' if exc.code is None else repr(exc.code)}){where} while "
+            call = exc.call if isinstance(exc, ExitCalled) else f"sys.exit({'' if exc.code is None else repr(exc.code)})"
+            raise CandidateError(f"{path} called {call}{where} while "
                                  f"it was loaded, so no class could be checked: keep test code under "
                                  f"`if __name__ == \"__main__\":`") from None
         raise CandidateError(f"{path} raised {type(exc).__name__}: {exc}{where}") from None

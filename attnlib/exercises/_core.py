@@ -1,35 +1,28 @@
 """The machinery every exercise checker shares.
 
-A checker runs the reader's code on inputs it chooses, compares the result with attnlib's, and on
-a mismatch tries known mistakes until one reproduces the reader's output. It never raises: the
-reader's exceptions, wrong types and wrong shapes all become a failed `CheckResult` whose message
-says what is wrong. A stub that still raises NotImplementedError reads "not attempted yet".
+A checker runs the reader's code on inputs it chooses (through _runner.run: the time limit, the state
+guard), compares the result with attnlib's, and on a mismatch tries known mistakes until one reproduces
+the reader's output. It never raises: the reader's exceptions, wrong types and wrong shapes all become a
+failed `CheckResult` whose message says what is wrong. A stub that still raises NotImplementedError reads
+"not attempted yet".
 """
 
 from __future__ import annotations
 
-import copy
 import functools
 import html
 import inspect
-import os
-import sys
-import traceback
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import torch
 
-from attnlib.exercises._binding import fit_call
-from attnlib.exercises._guard import TimeLimit, changed_state, seconds, time_limit
+from attnlib.exercises._runner import CandidateError, NotAttempted, arg_names, reader_line, run
+from attnlib.exercises._state import restore_torch
+from attnlib.exercises._state_text import replaced_text
 
 __all__ = ["CheckResult", "CandidateError", "checker", "run", "as_tensor", "full_precision", "expect_close",
-           "matching"]
-
-_LIBRARY_DIRS = tuple(os.path.dirname(os.path.abspath(m.__file__)) + os.sep
-                      for m in (torch, sys.modules["attnlib"]) if getattr(m, "__file__", None))
-_LIBRARY_DIRS += tuple({os.path.join(p, "lib") for p in (sys.prefix, sys.base_prefix)})
-
+           "matching", "arg_names"]
 
 @dataclass(frozen=True)
 class CheckResult:
@@ -55,96 +48,6 @@ class CheckResult:
         return (f'<div style="border-left: 4px solid {colour}; padding: 0.3em 0.8em;">'
                 f'<strong style="color: {colour}">{html.escape(self.name)}: {self.status}</strong>'
                 f'<br>{html.escape(self.message)}</div>')
-
-
-class CandidateError(Exception):
-    """The reader's code did something wrong; the message says what, for the reader."""
-
-
-class _NotAttempted(Exception):
-    pass
-
-
-def _reader_line(exc: BaseException) -> str:
-    """' at line N of your code: `source`' for the deepest frame outside torch, attnlib and the stdlib."""
-    frames = [f for f in traceback.extract_tb(exc.__traceback__)
-              if not os.path.abspath(f.filename).startswith(_LIBRARY_DIRS)]
-    if not frames:
-        return ""
-    f = frames[-1]
-    source = f" `{f.line.strip()}`" if f.line else ""
-    return f" at line {f.lineno} of your code{':' if source else ''}{source}"
-
-
-def _arg_names(candidate: Callable, args: tuple, kwargs: dict) -> list[str]:
-    """The reader's own parameter names for args, e.g. ['scores'], or 'argument N' where unknown."""
-    target = candidate.forward if isinstance(candidate, torch.nn.Module) else candidate  # a module's own names
-    try:
-        params = inspect.signature(target).parameters.values()
-    except (TypeError, ValueError):
-        params = []
-    names = [p.name for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
-    return [names[i] if i < len(names) else f"argument {i + 1}" for i in range(len(args))] + list(kwargs)
-
-
-def _unchanged(before: object, after: object) -> bool:
-    """Whether an argument still equals its copy taken before the call (NaN equals NaN)."""
-    if isinstance(before, torch.Tensor):
-        if before.shape != after.shape or before.dtype != after.dtype:
-            return False
-        if before.is_floating_point() or before.is_complex():
-            return bool(((before == after) | (before.isnan() & after.isnan())).all())
-        return torch.equal(before, after)
-    try:
-        return bool(before == after)
-    except Exception:  # noqa: BLE001 - lists of tensors and the like: nothing to compare safely
-        return True
-
-
-def _hint(exc: BaseException) -> str:
-    """What a puzzling exception usually means in attention code ('' when nothing is known)."""
-    if any(f"return_types.{op}" in str(exc) for op in ("max", "min")):
-        return (". x.max(dim) and x.min(dim) return a pair (values, indices), not a tensor: use "
-                "x.amax(dim=-1, keepdim=True) or x.max(dim=-1, keepdim=True).values")
-    return ""
-
-
-def run(candidate: Callable, *args, what: str = "your function", **kwargs):
-    """Call the reader's code under a time limit; turn its exceptions into CandidateError (NotImplementedError:
-    not attempted), and so a hang, sys.exit() and any change it leaves in torch's global state (_guard).
-
-    A candidate that changes a tensor or list argument in place is a CandidateError too, even when
-    its result is right: the caller's data (the scores, the cache) would be silently overwritten.
-    """
-    if not callable(candidate):
-        raise CandidateError(f"expected a function or class, got {type(candidate).__name__}")
-    args, kwargs = fit_call(candidate, args, kwargs)  # def f(x, w, b, *, num_heads): the last by keyword
-    values = (*args, *kwargs.values())
-    copies = [v.detach().clone() if isinstance(v, torch.Tensor) else copy.deepcopy(v) if isinstance(v, list)
-              else None for v in values]
-    try:
-        with changed_state(what) as changes, time_limit(seconds()):
-            result = candidate(*args, **kwargs)
-    except NotImplementedError as exc:
-        raise _NotAttempted from exc
-    except TimeLimit as exc:
-        raise CandidateError(f"{what} did not return within {seconds():g} s and was stopped{_reader_line(exc)}: "
-                             f"an infinite loop, or a wait that never ends?") from None
-    except SystemExit as exc:
-        raise CandidateError(f"{what} called sys.exit({'' if exc.code is None else repr(exc.code)}) (raised "
-                             f"SystemExit){_reader_line(exc)}: your code must return its result, not end the "
-                             f"program") from None
-    except Exception as exc:  # the reader's bug, with its type and line
-        raise CandidateError(f"{what} raised {type(exc).__name__}: {exc}{_reader_line(exc)}{_hint(exc)}") from None
-    if changes:
-        raise CandidateError("; and ".join(changes))
-    changed = [name for name, v, c in zip(_arg_names(candidate, args, kwargs), values, copies)
-               if c is not None and not _unchanged(c, v)]
-    if changed:
-        raise CandidateError(f"{what} changed {' and '.join(changed)} in place (an in-place "
-                             f"operation such as `x -= ...`, `x.exp_()` or `x[...] = ...` on an argument): "
-                             f"the caller's data is overwritten. Work on a copy or use out-of-place operations")
-    return result
 
 
 def as_tensor(value: object, what: str, shape: tuple[int, ...] | None = None) -> torch.Tensor:
@@ -204,19 +107,22 @@ def checker(name: str) -> Callable[[Callable[..., str]], Callable[..., CheckResu
     def wrap(body: Callable[..., str]) -> Callable[..., CheckResult]:
         @functools.wraps(body)
         def check(candidate, *args, **kwargs) -> CheckResult:
+            replaced = restore_torch()  # torch's own functions, whatever the session did to them before
+            if replaced:
+                return CheckResult(name, False, replaced_text("code run before this check", replaced))
             try:
                 with torch.random.fork_rng():
                     torch.manual_seed(0)
                     message = body(candidate, *args, **kwargs)
                 return CheckResult(name, True, message)
-            except _NotAttempted:
+            except NotAttempted:
                 return CheckResult(name, False, "not attempted yet: replace `raise NotImplementedError` "
                                    "with your code and run the cell again", attempted=False)
             except CandidateError as exc:
                 return CheckResult(name, False, str(exc))
             except Exception as exc:  # noqa: BLE001 - a checker must never crash on a reader
                 return CheckResult(name, False, f"the check could not run your code: "
-                                   f"{type(exc).__name__}: {exc}{_reader_line(exc)}")
+                                   f"{type(exc).__name__}: {exc}{reader_line(exc)}")
         # help() and the API page show body's parameters, and what check really returns
         check.__signature__ = inspect.signature(body).replace(return_annotation="CheckResult")
         return check

@@ -40,9 +40,13 @@ def check_induction_score(fn: Callable[[torch.Tensor, int], torch.Tensor]) -> st
         second = range(T - period, T)                          # the queries of the second block
         got = run(fn, weights.clone(), period, what=what)
         as_tensor(got, what)
-        if got.dim() == 0 and matching(got, {"mean": induction_score(weights, period).mean()}):
+        mean = induction_score(weights, period).mean()
+        if got.dim() == 0 and matching(got, {"mean": mean}):
             raise CandidateError(f"{what} is one number, the average over the heads too: return one score "
                                  f"per head, shape ({H},)")
+        if got.shape == (H,) and matching(got, {"mean": mean.expand(H)}):
+            raise CandidateError(f"{what} gives every head the same score, the average over the heads too: "
+                                 f"average over the queries only (dim=-1), one score per head")
         got = full_precision(as_tensor(got, what, shape=(H,)), what)
         named = {period - 1, period, period + 1, 1, period - 1 + prefix}     # the offsets named below
         mistakes = {f"key i - {shift} for each query i of the second block: the token after the earlier occurrence "
@@ -57,6 +61,13 @@ def check_induction_score(fn: Callable[[torch.Tensor, int], torch.Tensor]) -> st
             "the queries of the first block included: only the second block has an earlier occurrence to look back at":
                 _at(weights, range(max(T - 2 * period, period - 1), T), period - 1),
             "summed over the queries instead of averaged": _at(weights, second, period - 1) * period,
+            "period - 1 queries (the first query of the second block left out): every one of its `period` queries "
+            "has an earlier occurrence, the first one too": _at(weights, range(T - period + 1, T), period - 1),
+            "period - 1 queries (the last query of the sequence left out): the second block runs to the last "
+            "position, T - 1": _at(weights, range(T - period, T - 1), period - 1),
+            "both copies averaged (queries T - 2·period .. T - 1, key i - period + 1, which for the first copy is "
+            "before the blocks or wraps around to the end): only the second copy has an earlier occurrence":
+                weights[:, torch.arange(T - 2 * period, T), torch.arange(T - 2 * period, T) - period + 1].mean(-1),
             "keys and queries swapped (weights[:, key, query]): rows are queries, columns are keys":
                 torch.stack([weights[:, i - period + 1, i] for i in second], -1).mean(-1),
             "the maximum over the queries instead of their mean":

@@ -1,5 +1,5 @@
-"""Checkers for chapter 13 (beyond GQA): a sliding-window mask, a rolling-buffer update, a block-table
-lookup (the int8 quantization checker lives in ch13_int8)."""
+"""Checkers for chapter 13 (beyond GQA): a sliding-window mask, a block-table lookup (the rolling-buffer update
+lives in ch13_rolling, the int8 quantization checker in ch13_int8)."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import torch
 from attnlib.exercises._core import CandidateError, as_tensor, checker, expect_close, matching, run
 from attnlib.exercises.ch07 import _tensor_or_named
 from attnlib.exercises.ch13_int8 import check_int8_quantization
+from attnlib.exercises.ch13_rolling import check_rolling_buffer_update
 
 __all__ = ["check_sliding_window_mask", "check_rolling_buffer_update", "check_block_table_lookup",
            "check_int8_quantization"]
@@ -23,9 +24,12 @@ def _window_mask(T: int, lo: int, hi: int) -> torch.Tensor:
 
 
 def _as_bool_mask(got: object, what: str, T: int) -> torch.Tensor:
-    """The reader's mask as (T, T) bool: bool or 0/1 integers, an additive 0/-inf float mask, leading 1-dims."""
-    if isinstance(got, (np.ndarray, list)):
-        got = torch.as_tensor(np.asarray(got))
+    """The reader's mask, which must be a bool tensor of (T, T) (leading 1-dims allowed: they broadcast).
+    Anything else is refused with the rule: the chapter applies `~mask`, and SDPA *adds* a float mask."""
+    rule = "the exercise asks for a bool tensor, True = may attend (the chapter's code applies `~mask`)"
+    if isinstance(got, (np.ndarray, list, tuple)):
+        raise CandidateError(f"{what} returned a {type(got).__name__}, not a torch.Tensor: {rule}; build it with "
+                             f"torch (torch.arange, torch.ones(..., dtype=torch.bool).tril(), ...)")
     got = as_tensor(got, what)
     while got.dim() > 2 and got.shape[0] == 1:
         got = got[0]                                           # (1, 1, T, T) broadcasts like (T, T)
@@ -34,13 +38,15 @@ def _as_bool_mask(got: object, what: str, T: int) -> torch.Tensor:
         return got
     values = set(got.unique().tolist())
     if got.is_floating_point() and all(v == 0 or v <= -1e4 for v in values):
-        return got == 0  # the additive convention: 0 = may attend, -inf or a huge negative (finfo.min, -1e9) = hidden
-    if got.is_floating_point() and values <= {0.0, 1.0}:
-        raise CandidateError(f"{what} is a float mask of 0s and 1s: SDPA adds a float mask to the scores, so "
-                             f"it would add 1 to some scores and hide nothing. Return bool (True = may attend)")
-    if not got.is_floating_point() and values <= {0, 1}:
-        return got.bool()
-    raise CandidateError(f"{what} holds {sorted(values)[:4]}: return a bool mask, True = may attend")
+        kind = ("an additive float mask (0 = may attend, a huge negative = hidden): SDPA would add it to the "
+                "scores, but ~mask raises on a float tensor")
+    elif values <= {0, 1}:
+        kind = (f"a {got.dtype} mask of 0s and 1s: SDPA *adds* a float mask to the scores, so it would add 1 "
+                f"to some scores and hide nothing, and ~mask flips every bit of an integer")
+    else:
+        kind = f"a {got.dtype} tensor holding {sorted(values)[:4]}"
+    raise CandidateError(f"{what} is {kind}. {rule[0].upper()}{rule[1:]}: return the bool mask itself "
+                         f"(a comparison such as `(i - j >= 0) & (i - j < window)` is bool already)")
 
 
 @checker("sliding-window mask")
@@ -79,72 +85,6 @@ def check_sliding_window_mask(fn: Callable[[int, int], torch.Tensor]) -> str:
     return "query i sees keys i - window + 1 .. i: the last `window` positions, itself included"
 
 
-@checker("rolling-buffer update")
-def check_rolling_buffer_update(fn: Callable[[torch.Tensor, torch.Tensor, int], torch.Tensor | None]) -> str:
-    """fn(buffer, k, pos) with buffer (B, H_kv, W, Dh) and k (B, H_kv, 1, Dh), the key of position `pos`
-    (0, 1, 2, ...), writes k into slot pos % W and returns the buffer (or None after writing in place)."""
-    B, H_kv, W, Dh, steps = 2, 2, 4, 5, 11   # the stream wraps around twice; no size is W - 1 (see _slot_mistakes)
-    stream = torch.randn(B, H_kv, steps, Dh)
-    buffer, want = torch.zeros(B, H_kv, W, Dh), torch.zeros(B, H_kv, W, Dh)
-    for pos in range(steps):
-        k = stream[:, :, pos:pos + 1].clone()
-        what = f"rolling_update(buffer, k, pos={pos}) with a buffer of W={W} slots"
-        before, k_before = buffer.clone(), k.clone()
-        try:
-            got = run(lambda: fn(buffer, k, pos), what=what)  # writing into the buffer is allowed
-        except CandidateError as exc:
-            wrapped = pos >= W and "out of bounds" in str(exc)
-            raise CandidateError(str(exc) + (f". Position {pos} is past the last slot: a rolling buffer wraps "
-                                             f"around, slot = pos % W, where W = buffer.shape[2] (the slot axis)"
-                                             if wrapped else "")) from None
-        if not torch.equal(k, k_before):
-            raise CandidateError(f"{what} changed k in place: the caller's new key is overwritten")
-        got = buffer if got is None else got
-        want[:, :, pos % W] = k[:, :, 0]
-        got = _tensor_or_named(got, what, tuple(want.shape), {
-            "the new key alone, not the buffer": k,
-            "the buffer with the key appended (W + 1 slots): a rolling buffer overwrites a slot": torch.cat([before, k], 2),
-        })
-        expect_close(got, want, what, atol=0, mistakes=_slot_mistakes(before, k, pos))
-        buffer = got
-    return f"position p goes to slot p % W: after {steps} keys the buffer holds the last {W}, each in its slot"
-
-
-def _written(buffer: torch.Tensor, k: torch.Tensor, slot: int) -> torch.Tensor:
-    out = buffer.clone()
-    out[:, :, slot] = k[:, :, 0]
-    return out
-
-
-def _slot_mistakes(before: torch.Tensor, k: torch.Tensor, pos: int) -> dict[str, torch.Tensor]:
-    """What the usual wrong updates of before (B, H_kv, W, Dh) with k (B, H_kv, 1, Dh) give at `pos`. Each
-    is the first mistake to show: (pos ± 1) % W already differs at pos 0, a wrong modulus s at pos = s."""
-    W = before.shape[2]
-    mistakes = {
-        "the buffer shifted by one and the new key appended: a sliding window in time order, which copies "
-        "all W slots at every step; a rolling buffer overwrites one slot, pos % W": torch.cat([before[:, :, 1:], k], 2),
-        "the key written into slot (pos + 1) % W: off by one": _written(before, k, (pos + 1) % W),
-        ("the key written into slot min(pos, W - 1): once the buffer is full every key overwrites the last slot; "
-         "a rolling buffer wraps around, slot = pos % W" if pos >= W else
-         "the key written into slot (pos - 1) % W: off by one"): _written(before, k, (pos - 1) % W),
-        "the buffer unchanged: the new key was never written": before,
-        "the key written into every slot": k.expand_as(before),
-        "only the first sequence of the batch written (buffer[0]): write every sequence, buffer[:, :, slot]":
-            torch.cat([_written(before, k, pos % W)[:1], before[1:]]),
-    }
-    for axis in (0, 1, 3):
-        s = before.shape[axis]
-        if s != W and pos % s != pos % W and pos % s < W and s not in before.shape[:axis]:
-            mistakes[f"the slot taken modulo buffer.shape[{axis}] = {s}: W, the number of slots, is "
-                     f"buffer.shape[2]"] = _written(before, k, pos % s)
-    if before.shape[3] > pos % W:
-        feature = before.clone()
-        feature[..., pos % W] = k[..., 0]                    # (B, H_kv, W) <- (B, H_kv, 1): every slot's feature
-        mistakes["the key written along the last axis (feature pos % W of every slot) instead of the slot axis: "
-                 "index buffer[:, :, slot] (or buffer[..., slot, :])"] = feature
-    return mistakes
-
-
 @checker("block-table lookup")
 def check_block_table_lookup(fn: Callable[[torch.Tensor, torch.Tensor, int], torch.Tensor]) -> str:
     """fn(pool, block_table, seq_len) with pool (num_blocks, block_size, H_kv, Dh) and block_table (n,) int64
@@ -177,8 +117,16 @@ def check_block_table_lookup(fn: Callable[[torch.Tensor, torch.Tensor, int], tor
             expect_close(got, right, what, atol=0, mistakes={
                 "blocks 0, 1, 2, ... of the pool in order: the block table was not used":
                     pool[:n].flatten(0, 1)[:S].transpose(0, 1),
+                "the blocks of the table taken in increasing block number (the table sorted, or a mask over the "
+                "pool's blocks): entry i of block_table is the block of positions i·block_size .. (i + 1)·block_size "
+                "- 1, in the table's order": pool[table.sort().values].flatten(0, 1)[:S].transpose(0, 1),
                 "positions and heads mixed by a reshape: move the head axis with transpose/permute, not view":
                     blocks.reshape(H_kv, n * bs, Dh)[:, :S],
+                "the block table read backwards (block_table.flip(0), or indices counted from the end): entry 0 "
+                "holds the block of positions 0 .. block_size - 1": pool[table.flip(0)].flatten(0, 1)[:S].transpose(0, 1),
+                "the block index taken as p % len(block_table) (the table's blocks in turn, one position each): "
+                "position p is in block block_table[p // block_size], at slot p % block_size":
+                    pool[table[p % n], p % bs].transpose(0, 1),
                 "the block number used as a slot index (block_table[p // block_size] + p % block_size): a block "
                 "starts at slot block_number · block_size of the flattened pool":
                     flat[table[p // bs] + p % bs].transpose(0, 1),

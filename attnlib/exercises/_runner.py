@@ -1,0 +1,117 @@
+"""The one way reader code is run, by the exercises and the drill alike: `run` calls it under the time limit
+and the state guard (_guard, _state), and turns whatever goes wrong into a CandidateError that says what,
+with the reader's own line."""
+
+from __future__ import annotations
+
+import copy
+import inspect
+import traceback
+from collections.abc import Callable
+
+import torch
+
+from attnlib.exercises._binding import fit_call
+from attnlib.exercises._guard import TimeLimit, changed_state, seconds, time_limit
+from attnlib.exercises._state import ExitCalled, library_file
+
+__all__ = ["CandidateError", "NotAttempted", "run", "reader_line", "arg_names"]
+
+class CandidateError(Exception):
+    """The reader's code did something wrong; the message says what, for the reader."""
+
+
+class NotAttempted(Exception):
+    """The reader's stub still raises NotImplementedError."""
+
+
+def _is_reader_frame(frame: traceback.FrameSummary) -> bool:
+    """Not torch, attnlib, an installed library, the standard library or Python's import machinery."""
+    return bool(frame.lineno) and not library_file(frame.filename)
+
+
+def reader_line(exc: BaseException) -> str:
+    """' at line N of your code: `source`' for the deepest frame of the reader's own code ('' if none)."""
+    frames = [f for f in traceback.extract_tb(exc.__traceback__) if _is_reader_frame(f)]
+    if not frames:
+        return ""
+    f = frames[-1]
+    source = f" `{f.line.strip()}`" if f.line else ""
+    return f" at line {f.lineno} of your code{':' if source else ''}{source}"
+
+
+def arg_names(candidate: Callable, args: tuple, kwargs: dict) -> list[str]:
+    """The reader's own parameter names for args, e.g. ['scores'], or 'argument N' where unknown."""
+    target = candidate.forward if isinstance(candidate, torch.nn.Module) else candidate  # a module's own names
+    try:
+        params = inspect.signature(target).parameters.values()
+    except (TypeError, ValueError):
+        params = []
+    names = [p.name for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    return [names[i] if i < len(names) else f"argument {i + 1}" for i in range(len(args))] + list(kwargs)
+
+
+def _unchanged(before: object, after: object) -> bool:
+    """Whether an argument still equals its copy taken before the call (NaN equals NaN)."""
+    if isinstance(before, torch.Tensor):
+        if before.shape != after.shape or before.dtype != after.dtype:
+            return False
+        if before.is_floating_point() or before.is_complex():
+            return bool(((before == after) | (before.isnan() & after.isnan())).all())
+        return torch.equal(before, after)
+    try:
+        return bool(before == after)
+    except Exception:  # noqa: BLE001 - lists of tensors and the like: nothing to compare safely
+        return True
+
+
+def _hint(exc: BaseException) -> str:
+    """What a puzzling exception usually means in attention code ('' when nothing is known)."""
+    if any(f"return_types.{op}" in str(exc) for op in ("max", "min")):
+        return (". x.max(dim) and x.min(dim) return a pair (values, indices), not a tensor: use "
+                "x.amax(dim=-1, keepdim=True) or x.max(dim=-1, keepdim=True).values")
+    return ""
+
+
+def _exited(what: str, exc: SystemExit) -> str:
+    if isinstance(exc, ExitCalled):
+        return (f"{what} called {exc.call}{reader_line(exc)}, which ends the whole process at once (in a notebook, "
+                f"its kernel); the checker stopped it. Your code must return its result, not end the program")
+    return (f"{what} called sys.exit({'' if exc.code is None else repr(exc.code)}) (raised SystemExit)"
+            f"{reader_line(exc)}: your code must return its result, not end the program")
+
+
+def run(candidate: Callable, *args, what: str = "your function", **kwargs):
+    """Call the reader's code under a time limit; turn its exceptions into CandidateError (NotImplementedError:
+    not attempted), and so a hang, sys.exit() or os._exit() and any change it leaves in global state (_state).
+
+    A candidate that changes a tensor or list argument in place is a CandidateError too, even when
+    its result is right: the caller's data (the scores, the cache) would be silently overwritten.
+    """
+    if not callable(candidate):
+        raise CandidateError(f"expected a function or class, got {type(candidate).__name__}")
+    args, kwargs = fit_call(candidate, args, kwargs)  # def f(x, w, b, *, num_heads): the last by keyword
+    values = (*args, *kwargs.values())
+    copies = [v.detach().clone() if isinstance(v, torch.Tensor) else copy.deepcopy(v) if isinstance(v, list)
+              else None for v in values]
+    try:
+        with changed_state(what) as changes, time_limit(seconds()):
+            result = candidate(*args, **kwargs)
+    except NotImplementedError as exc:
+        raise NotAttempted from exc
+    except TimeLimit as exc:
+        raise CandidateError(f"{what} did not return within {seconds():g} s and was stopped{reader_line(exc)}: "
+                             f"an infinite loop, or a wait that never ends?") from None
+    except SystemExit as exc:
+        raise CandidateError(_exited(what, exc)) from None
+    except Exception as exc:  # the reader's bug, with its type and line
+        raise CandidateError(f"{what} raised {type(exc).__name__}: {exc}{reader_line(exc)}{_hint(exc)}") from None
+    if changes:
+        raise CandidateError("; and ".join(changes))
+    changed = [name for name, v, c in zip(arg_names(candidate, args, kwargs), values, copies)
+               if c is not None and not _unchanged(c, v)]
+    if changed:
+        raise CandidateError(f"{what} changed {' and '.join(changed)} in place (an in-place "
+                             f"operation such as `x -= ...`, `x.exp_()` or `x[...] = ...` on an argument): "
+                             f"the caller's data is overwritten. Work on a copy or use out-of-place operations")
+    return result
