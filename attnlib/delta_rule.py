@@ -1,5 +1,5 @@
-"""The delta rule (Schlag et al., 2021) and the gated delta rule (Yang et al., 2024, "Gated Delta Networks"):
-linear attention whose state is corrected, not only added to.
+"""The delta rule (Schlag et al., 2021) and the gated delta rule (Yang, Kautz & Hatamizadeh, ICLR 2025,
+"Gated Delta Networks"): linear attention whose state is corrected, not only added to.
 
 The state S is (Dk, Dv) per head, keys along the rows (transformers' orientation; the papers write its
 transpose, Sᵀ = (Dv, Dk)). S reads a value for a key as Sᵀ k. At token t, with gate α_t = exp(g_t) in (0, 1]

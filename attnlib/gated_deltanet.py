@@ -1,4 +1,4 @@
-"""Gated DeltaNet as a layer (Yang et al., 2024; the linear layers of Qwen3-Next and Qwen3.5).
+"""Gated DeltaNet as a layer (Yang, Kautz & Hatamizadeh, ICLR 2025; the linear layers of Qwen3-Next and Qwen3.5).
 
 For x (B, T, D), per token t:
 

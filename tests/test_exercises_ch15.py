@@ -156,6 +156,7 @@ def _delta(norm=True, decay="before", predict="decayed", use_beta=True, subtract
     (lambda S, k, v, beta, alpha: delta_book(S, k, v, beta, alpha).half(), ["half precision"]),
     (lambda S, k, v, beta, alpha: delta_book(S, k, v, beta, alpha)[0], ["has shape (3, 5, 4)"]),
     (lambda S, k, v, beta, alpha: delta_book(S, k, v, beta, alpha) + 1e-3, ["none of the usual mistakes"]),
+    (lambda S, k, v, beta, alpha: S.copy_(delta_book(S, k, v, beta, alpha)), ["changed S in place"]),
 ])
 def test_delta_rule_names_the_mistake(buggy, phrases):
     assert_names(check_delta_rule_update(buggy), *phrases)
