@@ -22,6 +22,7 @@ from attnlib import masks as _masks
 from attnlib._checks import fmt_shape, require_tensor
 from attnlib._hf_llama import copy_from_hf
 from attnlib.caches import Cache, KVCache, SinkCache, check_cache
+from attnlib.caches.layer_windows import LayerWindowCache
 from attnlib.mha import MultiHeadAttention
 from attnlib.positional import RotaryEmbedding
 
@@ -192,9 +193,13 @@ class LlamaDecoder(nn.Module):
         what generate's one-token fast path (attnlib.decode_step) computes."""
         return self.rotary is not None and self.embed_scale == 1.0 and self.logit_softcap is None
 
-    def make_cache(self) -> KVCache:
-        """The cache generate fills by default: a KVCache (rolling under this model's sliding window)."""
-        return KVCache(sliding_window=self.sliding_window)
+    def make_cache(self) -> KVCache | LayerWindowCache:
+        """The cache generate fills by default: a KVCache (rolling under this model's sliding window), or,
+        when the blocks have windows of their own, a LayerWindowCache that keeps each layer's window."""
+        windows = [getattr(block.attn, "window", None) for block in self.blocks]
+        if self.sliding_window is not None or all(w is None for w in windows):
+            return KVCache(sliding_window=self.sliding_window)
+        return LayerWindowCache(windows)
 
     @property
     def tie_word_embeddings(self) -> bool:

@@ -14,6 +14,7 @@ import torch
 import transformers as tf
 
 import attnlib
+from attnlib.caches.layer_windows import LayerWindowCache
 from attnlib.decoder import LlamaDecoder
 from attnlib.variants import VariantAttention
 from hf_tiny import attention_io, left_padded, tiny
@@ -188,3 +189,25 @@ def test_rope_frequencies_equal_transformers(params: dict) -> None:
     ours = rotary_from_config(params, 16, 256)
     torch.testing.assert_close(ours.inv_freq, theirs, rtol=1e-6, atol=0)
     assert ours.attention_scaling == pytest.approx(scaling, rel=1e-12)
+
+
+def test_gemma3_cache_keeps_each_layers_window() -> None:
+    """make_cache gives Gemma 3 a cache whose 4-token-window layers keep 3 positions and whose global layers
+    keep all; 24 new tokens (well past the window) still equal transformers', as with a cache keeping all."""
+    model, ours = pair("gemma3")
+    ids, mask = left_padded()
+    cache = ours.make_cache()
+    assert isinstance(cache, LayerWindowCache) and cache.windows == (4, None, 4, None)
+    theirs = model.generate(ids, attention_mask=mask, max_new_tokens=24, do_sample=False)
+    assert torch.equal(attnlib.generate(ours, ids, 24, attention_mask=mask, cache=cache), theirs)
+    assert torch.equal(attnlib.generate(ours, ids, 24, attention_mask=mask, cache=attnlib.KVCache()), theirs)
+    per_position = 3 * 2 * (16 + 16) * 4                   # B · H_kv · (Dh of K + Dh of V) · 4 bytes
+    fed = 9 + 23                                           # the prompt, then every new token but the last
+    assert cache.nbytes == per_position * (2 * fed + 2 * 3)
+
+
+def test_a_sink_cache_is_refused_by_layers_with_their_own_rope() -> None:
+    """SinkCache re-rotates kept keys with one RoPE for all layers; SmolLM3's NoPE layers have none."""
+    _, ours = pair("smollm3")
+    with pytest.raises(ValueError, match="SinkCache re-rotates"):
+        ours(left_padded(B=1, T=4)[0], attnlib.SinkCache(1, 2))

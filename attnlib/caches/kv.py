@@ -66,10 +66,15 @@ class KVCache:
         """B of the cached sequences (None for an empty cache)."""
         return self._k[0].shape[0] if self._k else None
 
+    def window(self, layer_idx: int) -> int | None:
+        """The window W layer `layer_idx` rolls with: sliding_window for every layer (a subclass may give
+        each layer its own: attnlib.caches.layer_windows.LayerWindowCache)."""
+        return self.sliding_window
+
     def _kept(self, layer_idx: int) -> int:
         """Positions layer `layer_idx` keeps for later tokens: all, or the last W - 1 under a window W."""
-        n = self._len[layer_idx]
-        return n if self.sliding_window is None else min(n, self.sliding_window - 1)
+        n, W = self._len[layer_idx], self.window(layer_idx)
+        return n if W is None else min(n, W - 1)
 
     @property
     def nbytes(self) -> int:
@@ -124,22 +129,22 @@ class KVCache:
             self._dropped.append(0)
         start, new = self._len[layer_idx], k.shape[2]
         if start + new > self._k[layer_idx].shape[2]:
-            if self.sliding_window is not None and self._kept(layer_idx) < start:
+            if self.window(layer_idx) is not None and self._kept(layer_idx) < start:
                 start = self._roll(layer_idx)
             if start + new > self._k[layer_idx].shape[2]:
-                self._grow(layer_idx, self._capacity(start + new))
+                self._grow(layer_idx, self._capacity(start + new, self.window(layer_idx)))
         k_buf, v_buf = self._k[layer_idx], self._v[layer_idx]
         k_buf.narrow(2, start, new).copy_(k)            # buffer[:, :, start:start + new] = k
         v_buf.narrow(2, start, new).copy_(v)
-        first = 0 if self.sliding_window is None else max(0, start - self.sliding_window + 1)  # the W - 1 kept
+        W = self.window(layer_idx)
+        first = 0 if W is None else max(0, start - W + 1)  # the W - 1 kept
         self._len[layer_idx] = end = start + new
         return k_buf.narrow(2, first, end - first), v_buf.narrow(2, first, end - first)  # views of the filled part
 
-    def _capacity(self, needed: int) -> int:
-        """Positions to grow a buffer to: twice what it must hold; and once that is more than a window
+    def _capacity(self, needed: int, W: int | None) -> int:
+        """Positions to grow a buffer to: twice what it must hold; and once that is more than a window W
         keeps, at least 2 (W - 1), so that each roll frees at least as many slots as it moves."""
         capacity = max(2 * needed, 16)
-        W = self.sliding_window
         return capacity if W is None or capacity <= W - 1 else max(capacity, 2 * (W - 1))
 
     def _roll(self, layer_idx: int) -> int:

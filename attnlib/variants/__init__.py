@@ -2,7 +2,8 @@
 
 qknorm (QK-norm), sinks (learned sinks), gated (output gate), differential (differential attention),
 rope (plain, linear and YaRN RoPE from a config; partial RoPE), attention (VariantAttention: attnlib's
-MultiHeadAttention with these as options), hf_attention and hf_models (the converters).
+MultiHeadAttention with these as options), hf_attention and hf_models (the converters). The KV cache of
+layers with different windows is attnlib.caches.layer_windows.LayerWindowCache.
 """
 
 from attnlib.variants.attention import VariantAttention

@@ -24,9 +24,10 @@ from attnlib.variants.sinks import SinkAttention
 __all__ = ["ATTENTION_CONVERTERS", "layer_rotary"]
 
 
-def layer_rotary(c: Any, layer_idx: int, rotaries: dict | None = None) -> RotaryEmbedding | None:
-    """The RotaryEmbedding of layer `layer_idx` under config c (one per layer type when the config has
-    rope_parameters per layer type, as Gemma 3), or None for a NoPE layer (SmolLM3's no_rope_layers[i] = 0)."""
+def layer_rotary(c: Any, layer_idx: int, head_dim: int, rotaries: dict | None = None) -> RotaryEmbedding | None:
+    """The RotaryEmbedding of layer `layer_idx`'s heads (width head_dim) under config c: one per layer type
+    when the config has rope_parameters per layer type (Gemma 3); None for a NoPE layer (SmolLM3's
+    no_rope_layers[i] = 0)."""
     if getattr(c, "no_rope_layers", None) is not None and not c.no_rope_layers[layer_idx]:
         return None
     p, key = c.rope_parameters, "all"
@@ -35,7 +36,7 @@ def layer_rotary(c: Any, layer_idx: int, rotaries: dict | None = None) -> Rotary
         p = p[key]
     rotaries = {} if rotaries is None else rotaries
     if key not in rotaries:
-        rotaries[key] = rotary_from_config(p, c.head_dim, c.max_position_embeddings)
+        rotaries[key] = rotary_from_config(p, head_dim, c.max_position_embeddings)
     return rotaries[key]
 
 
@@ -44,7 +45,7 @@ def _base(attn: nn.Module, rotaries: dict | None, **options: Any) -> VariantAtte
     c, i = attn.config, attn.layer_idx
     q_proj = options.pop("q_proj", None) or attn.q_proj
     ours = VariantAttention(c.hidden_size, c.num_attention_heads, c.num_key_value_heads, head_dim=attn.head_dim,
-                            bias=attn.k_proj.bias is not None, layer_idx=i, rotary=layer_rotary(c, i, rotaries),
+                            bias=attn.k_proj.bias is not None, layer_idx=i, rotary=layer_rotary(c, i, attn.head_dim, rotaries),
                             window=getattr(attn, "sliding_window", None), **options)
     ours.to(dtype=attn.k_proj.weight.dtype, device=attn.k_proj.weight.device)
     with torch.no_grad():
