@@ -9,6 +9,7 @@ from attnlib.attention import attention, softmax
 from attnlib.caches import KVCache, LatentCache, PagedKVCache, QuantizedKVCache, SinkCache
 from attnlib.decoder import LlamaDecoder
 from attnlib.encoder import mean_pool
+from attnlib.from_hf import from_hf
 from attnlib.generation import generate
 from attnlib.mha import MultiHeadAttention
 from attnlib.minilm import load_minilm
@@ -24,6 +25,6 @@ from attnlib import exercises  # noqa: E402  (after the modules its checkers com
 
 __all__ = ["softmax", "attention", "masks", "MultiHeadAttention", "KVCache", "tiled_attention",
            "load_minilm", "mean_pool", "LlamaDecoder", "generate", "Transformer", "load_smollm2", "exercises", "positional",
-           "SinkCache", "PagedKVCache", "QuantizedKVCache", "MultiHeadLatentAttention", "LatentCache",
-           "speculative_generate", "PromptLookup", "serve"]
+           "SinkCache", "PagedKVCache", "QuantizedKVCache", "MultiHeadLatentAttention", "LatentCache", "from_hf",
+           "speculative_generate", "PromptLookup", "serve", "parallel"]
 __version__ = "0.1.0"

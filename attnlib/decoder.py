@@ -12,6 +12,8 @@ matrix itself when the model ties them.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -19,7 +21,8 @@ from torch import nn
 from attnlib import masks as _masks
 from attnlib._checks import fmt_shape, require_tensor
 from attnlib._hf_llama import copy_from_hf
-from attnlib.caches import Cache, check_cache
+from attnlib.caches import Cache, KVCache, SinkCache, check_cache
+from attnlib.caches.layer_windows import LayerWindowCache
 from attnlib.mha import MultiHeadAttention
 from attnlib.positional import RotaryEmbedding
 
@@ -78,35 +81,50 @@ class SwiGLU(nn.Module):
     """The gated feed-forward of Llama: SwiGLU(x) = W_down (silu(W_gate x) ⊙ W_up x), D -> D_ff -> D.
 
     `gate_up` holds W_gate and W_up stacked by rows, D -> 2 D_ff: one matmul instead of two (as the fused
-    qkv of MultiHeadAttention), which a one-token decode step feels most.
+    qkv of MultiHeadAttention), which a one-token decode step feels most. `activation` replaces silu
+    (Gemma's GeGLU: the tanh approximation of GELU).
     """
 
-    def __init__(self, d_model: int, d_ff: int, bias: bool = False) -> None:
+    def __init__(self, d_model: int, d_ff: int, bias: bool = False, *,
+                 activation: Callable[[torch.Tensor], torch.Tensor] = F.silu) -> None:
         super().__init__()
+        self.activation = activation
         self.gate_up = nn.Linear(d_model, 2 * d_ff, bias=bias)
         self.down = nn.Linear(d_ff, d_model, bias=bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x (..., D) -> (..., D) through the hidden width F."""
         gate, up = self.gate_up(x).chunk(2, dim=-1)  # (..., 2F) -> (..., F) each
-        return self.down(F.silu(gate) * up)
+        return self.down(self.activation(gate) * up)
 
 
 class LlamaBlock(nn.Module):
-    """One pre-norm decoder block: x + Attn(RMSNorm(x)), then + SwiGLU(RMSNorm(·))."""
+    """One decoder block. Pre-norm (Llama): x + Attn(RMSNorm(x)), then + SwiGLU(RMSNorm(·)).
+
+    `norms` places the RMSNorms: "pre" (above), "post" (OLMo 2: x + RMSNorm(Attn(x)), then
+    + RMSNorm(SwiGLU(·))) or "sandwich" (Gemma 3: x + RMSNorm(Attn(RMSNorm(x))), the same around the MLP).
+    `attn` and `mlp` replace the default attention and SwiGLU by any module with their call signature
+    (attnlib.variants builds them); d_model, num_heads, ... then only size the norms.
+    """
 
     def __init__(self, d_model: int, num_heads: int, num_kv_heads: int, d_ff: int, *, layer_idx: int,
-                 rotary: RotaryEmbedding, eps: float, attention_bias: bool, mlp_bias: bool,
-                 window: int | None = None) -> None:
+                 rotary: RotaryEmbedding | None, eps: float, attention_bias: bool, mlp_bias: bool,
+                 window: int | None = None, attn: nn.Module | None = None, mlp: nn.Module | None = None,
+                 norms: str = "pre") -> None:
         super().__init__()
-        self.attn_norm = RMSNorm(d_model, eps)
-        self.attn = MultiHeadAttention(d_model, num_heads, num_kv_heads, bias=attention_bias,
-                                       layer_idx=layer_idx, rotary=rotary, window=window)
-        self.mlp_norm = RMSNorm(d_model, eps)
-        self.mlp = SwiGLU(d_model, d_ff, mlp_bias)
+        if norms not in ("pre", "post", "sandwich"):
+            raise ValueError(f"norms must be 'pre', 'post' or 'sandwich', got {norms!r}")
+        pre, post = norms != "post", norms != "pre"
+        self.attn_norm = RMSNorm(d_model, eps) if pre else nn.Identity()
+        self.attn = attn if attn is not None else MultiHeadAttention(
+            d_model, num_heads, num_kv_heads, bias=attention_bias, layer_idx=layer_idx, rotary=rotary, window=window)
+        self.mlp_norm = RMSNorm(d_model, eps) if pre else nn.Identity()
+        self.mlp = mlp if mlp is not None else SwiGLU(d_model, d_ff, mlp_bias)
+        self.attn_post_norm = RMSNorm(d_model, eps) if post else nn.Identity()
+        self.mlp_post_norm = RMSNorm(d_model, eps) if post else nn.Identity()
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None, cache: Cache | None,
-                rope: tuple[torch.Tensor, torch.Tensor], weights: list | None = None) -> torch.Tensor:
+                rope: tuple[torch.Tensor, torch.Tensor] | None, weights: list | None = None) -> torch.Tensor:
         """x (B, T, D) -> (B, T, D); causal attention over the cache and the T new tokens.
 
         rope: the (cos, sin) of the T tokens' positions. One new token may see every cached key, so
@@ -119,8 +137,8 @@ class LlamaBlock(nn.Module):
         if weights is not None:
             h, w = h
             weights.append(w)
-        x = x + h
-        return x + self.mlp(self.mlp_norm(x))
+        x = x + self.attn_post_norm(h)
+        return x + self.mlp_post_norm(self.mlp(self.mlp_norm(x)))
 
 
 class LlamaDecoder(nn.Module):
@@ -129,13 +147,19 @@ class LlamaDecoder(nn.Module):
     tie_word_embeddings: lm_head uses the embedding matrix itself (vocab, D), as GPT-2, SmolLM2 and
     Llama 3.2 do (Press and Wolf, 2017): one (vocab, D) matrix fewer. sliding_window=W: each token
     attends to the last W positions, itself included (Mistral); a KVCache it fills keeps only those.
+
+    The 2025 layouts (attnlib.from_hf) reuse it through options: `blocks`, the L blocks built by the
+    caller (LlamaBlocks whose attention may be an attnlib.variants module, each with its own rotary
+    embedding or none, and its own window); `embed_scale` multiplies the embeddings (Gemma: sqrt(D));
+    `logit_softcap` c squashes the logits to c · tanh(logits / c) (Gemma 2/3's final softcapping).
     """
 
     def __init__(self, vocab_size: int, d_model: int, num_layers: int, num_heads: int,
                  num_kv_heads: int, d_ff: int, *, max_position_embeddings: int = 2048,
                  rope_base: float = 10000.0, eps: float = 1e-6, attention_bias: bool = False,
                  mlp_bias: bool = False, tie_word_embeddings: bool = False,
-                 sliding_window: int | None = None) -> None:
+                 sliding_window: int | None = None, blocks: list[nn.Module] | None = None,
+                 embed_scale: float = 1.0, logit_softcap: float | None = None) -> None:
         super().__init__()
         if num_heads < 1 or d_model % num_heads:  # checked here: RoPE needs Dh before the blocks exist
             raise ValueError(f"d_model={d_model} is not divisible by num_heads={num_heads}: "
@@ -144,13 +168,17 @@ class LlamaDecoder(nn.Module):
                                            or sliding_window < 1):
             raise ValueError(f"sliding_window must be an int >= 1 (the positions a token attends to, itself "
                              f"included) or None, got {sliding_window!r}")
+        if blocks is not None and len(blocks) != num_layers:
+            raise ValueError(f"blocks holds {len(blocks)} blocks, not num_layers={num_layers}")
         self.max_position_embeddings, self.sliding_window = max_position_embeddings, sliding_window
-        self.rotary = RotaryEmbedding(d_model // num_heads, max_position_embeddings, rope_base)
+        self.embed_scale, self.logit_softcap = embed_scale, logit_softcap
+        # one rotary embedding for every layer, or none when the blocks bring their own
+        self.rotary = RotaryEmbedding(d_model // num_heads, max_position_embeddings, rope_base) if blocks is None else None
         self.embed = nn.Embedding(vocab_size, d_model)
-        self.blocks = nn.ModuleList(
+        self.blocks = nn.ModuleList(blocks if blocks is not None else (
             LlamaBlock(d_model, num_heads, num_kv_heads, d_ff, layer_idx=i, rotary=self.rotary, eps=eps,
                        attention_bias=attention_bias, mlp_bias=mlp_bias, window=sliding_window)
-            for i in range(num_layers))
+            for i in range(num_layers)))
         self.norm = RMSNorm(d_model, eps)
         self.lm_head = nn.Linear(d_model, vocab_size, bias=False)
         for m in self.modules():  # every matrix a token is multiplied by, stored column-major
@@ -158,6 +186,20 @@ class LlamaDecoder(nn.Module):
                 m.weight = nn.Parameter(column_major(m.weight.detach()))
         if tie_word_embeddings:
             self.lm_head.weight = self.embed.weight                    # one Parameter, (vocab, D)
+
+    @property
+    def is_llama(self) -> bool:
+        """True for Llama's own layout (one rotary embedding, default blocks, no embedding scale or softcap):
+        what generate's one-token fast path (attnlib.decode_step) computes."""
+        return self.rotary is not None and self.embed_scale == 1.0 and self.logit_softcap is None
+
+    def make_cache(self) -> KVCache | LayerWindowCache:
+        """The cache generate fills by default: a KVCache (rolling under this model's sliding window), or,
+        when the blocks have windows of their own, a LayerWindowCache that keeps each layer's window."""
+        windows = [getattr(block.attn, "window", None) for block in self.blocks]
+        if self.sliding_window is not None or all(w is None for w in windows):
+            return KVCache(sliding_window=self.sliding_window)
+        return LayerWindowCache(windows)
 
     @property
     def tie_word_embeddings(self) -> bool:
@@ -200,14 +242,24 @@ class LlamaDecoder(nn.Module):
         if lo < 0 or hi >= V:
             raise ValueError(f"input_ids holds token id {lo if lo < 0 else hi}, outside [0, vocab_size={V})")
         past = check_cache(cache, len(self.blocks), B)
+        if self.rotary is None and isinstance(cache, SinkCache):
+            raise ValueError("a SinkCache re-rotates its keys with one rotary embedding for all layers; this "
+                             "model's layers have their own (or none): use a KVCache")
         if hasattr(cache, "fit"):  # a cache that must know the model: a KVCache its window, a SinkCache its RoPE
             cache.fit(sliding_window=self.sliding_window, rotary=self.rotary, padded=attention_mask is not None)
         positions, mask = self._positions(B, T, past, attention_mask, input_ids.device)
-        rope = self.rotary.cos_sin(positions)                          # (T, Dh) or (B, T, Dh), every layer
         x, weights = self.embed(input_ids), [] if need_weights else None  # (B, T, D)
+        if self.embed_scale != 1.0:
+            x = x * torch.tensor(self.embed_scale, dtype=x.dtype)  # rounded to x's dtype first, as transformers
+        tables: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # (cos, sin) (T, Dh) or (B, T, Dh) per rotary
         for block in self.blocks:
-            x = block(x, mask, cache, rope, weights)
+            rotary = self.rotary if self.rotary is not None else block.attn.rotary
+            if rotary is not None and id(rotary) not in tables:
+                tables[id(rotary)] = rotary.cos_sin(positions)
+            x = block(x, mask, cache, None if rotary is None else tables[id(rotary)], weights)
         logits = self.lm_head(self.norm(x[:, -1:] if last_only else x))  # (B, T or 1, vocab)
+        if self.logit_softcap is not None:
+            logits = self.logit_softcap * torch.tanh(logits / self.logit_softcap)
         return (logits, weights) if need_weights else logits
 
     @classmethod

@@ -167,9 +167,11 @@ def generate(decoder: torch.nn.Module, input_ids: torch.Tensor, max_new_tokens: 
     if limit is not None and needed > limit:
         raise ValueError(f"{longest} prompt tokens + max_new_tokens={max_new_tokens} = "
                          f"{longest + max_new_tokens} positions are beyond max_position_embeddings={limit}")
-    cache = (KVCache() if cache is None else cache) if use_cache else None
-    # DecodeStep's fast path: a plain KVCache, no window; its prefill multiplies by the same packed copies
-    fast = type(cache) is KVCache and isinstance(decoder, LlamaDecoder) and decoder.sliding_window is None
+    default = decoder.make_cache if hasattr(decoder, "make_cache") else KVCache
+    cache = (default() if cache is None else cache) if use_cache else None
+    # DecodeStep's fast path: a plain KVCache, no window, Llama's layout; its prefill multiplies by the same packed copies
+    fast = type(cache) is KVCache and isinstance(decoder, LlamaDecoder) and decoder.sliding_window is None \
+        and decoder.is_llama
     step, done = None, torch.zeros(B, dtype=torch.bool, device=out.device)  # done: the row has produced eos
     for t in range(T, T + max_new_tokens):
         if step is not None:  # a cached step: one token per row

@@ -89,14 +89,18 @@ class MultiHeadAttention(nn.Module):
     [q; k; v], and `out`, D -> D. `rotary` (an attnlib.positional.RotaryEmbedding) rotates q and k
     by their positions before the cache, as in Llama. `window` (Mistral's sliding window): with
     is_causal, each query sees only the last `window` keys up to itself (masks.causal_mask).
+    `head_dim` Dh defaults to D / H; another value (Qwen3, Gemma 3) makes qkv D -> (H + 2 H_kv) Dh
+    and `out` H·Dh -> D.
     """
 
     def __init__(self, d_model: int, num_heads: int, num_kv_heads: int | None = None, *,
                  bias: bool = True, dropout: float = 0.0, layer_idx: int = 0,
-                 rotary: nn.Module | None = None, window: int | None = None) -> None:
+                 rotary: nn.Module | None = None, window: int | None = None, head_dim: int | None = None) -> None:
         super().__init__()
         num_kv_heads = num_heads if num_kv_heads is None else num_kv_heads
-        if num_heads < 1 or d_model < 1 or d_model % num_heads:
+        if head_dim is not None and (isinstance(head_dim, bool) or not isinstance(head_dim, int) or head_dim < 1):
+            raise ValueError(f"head_dim must be an int >= 1 or None (d_model / num_heads), got {head_dim!r}")
+        if num_heads < 1 or d_model < 1 or (head_dim is None and d_model % num_heads):
             raise ValueError(f"d_model={d_model} is not divisible by num_heads={num_heads}: "
                              f"each head gets Dh = d_model / num_heads")
         if num_kv_heads < 1 or num_heads % num_kv_heads:
@@ -107,14 +111,14 @@ class MultiHeadAttention(nn.Module):
         if window is not None and (isinstance(window, bool) or not isinstance(window, int) or window < 1):
             raise ValueError(f"window must be an int >= 1 (keys a query sees, itself included) or None, got {window!r}")
         self.d_model, self.num_heads, self.num_kv_heads = d_model, num_heads, num_kv_heads
-        self.head_dim = d_model // num_heads
+        self.head_dim = d_model // num_heads if head_dim is None else head_dim
         self.dropout, self.layer_idx, self.rotary, self.window = dropout, layer_idx, rotary, window
         self.qkv = nn.Linear(d_model, (num_heads + 2 * num_kv_heads) * self.head_dim, bias=bias)
-        self.out = nn.Linear(d_model, d_model, bias=bias)
+        self.out = nn.Linear(num_heads * self.head_dim, d_model, bias=bias)
 
     def _project(self, x: torch.Tensor, context: torch.Tensor | None):
         """q (B, H, T, Dh), k and v (B, H_kv, S, Dh) from x (B, T, D) and the context (B, S, D)."""
-        D, kv = self.d_model, self.num_kv_heads * self.head_dim
+        D, kv = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
         if context is None:
             q, k, v = self.qkv(x).split([D, kv, kv], dim=-1)  # one matmul: (B, T, D + 2 kv)
         else:
@@ -142,6 +146,30 @@ class MultiHeadAttention(nn.Module):
                 raise ValueError("rotary is for self-attention: with a context, the keys' positions "
                                  "are not the queries' positions")
 
+    def _rotate(self, q: torch.Tensor, k: torch.Tensor, cache: KVCache | None, positions: torch.Tensor | None,
+                rope: tuple[torch.Tensor, torch.Tensor] | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """q (B, H, T, Dh) and k (B, H_kv, T, Dh) rotated by `rotary` at `positions` (default: after the
+        cache) or by the given rope = (cos, sin); unchanged without a rotary embedding (NoPE)."""
+        if self.rotary is None:
+            if rope is not None:
+                raise ValueError("rope was given, but this layer has no rotary embedding to apply")
+            return q, k
+        if rope is None and positions is None:
+            start = cache.get_seq_len(self.layer_idx) if cache is not None else 0
+            positions = torch.arange(start, start + q.shape[2], device=q.device)
+        qk = torch.cat((q, k), dim=1)  # q and k share positions: one rotation of (B, H + H_kv, T, Dh)
+        qk = self.rotary(qk, positions) if rope is None else apply_rope(qk, *rope)
+        q, k = qk.split([self.num_heads, self.num_kv_heads], dim=1)
+        return q, k
+
+    def _given_mask(self, mask: torch.Tensor | None, cache: KVCache | None, B: int, T: int,
+                    S: int) -> torch.Tensor | None:
+        """The caller's mask checked against (B, H, T, S); when a rolling cache returned only the latest S
+        of the positions it has seen, a mask over all of them applies by its last S keys."""
+        if isinstance(mask, torch.Tensor) and cache is not None and S < mask.shape[-1] == cache.get_seq_len(self.layer_idx):
+            mask = mask[..., -S:]                      # (B, 1, 1, S)
+        return _masks.check_mask(mask, (B, self.num_heads, T, S)) if mask is not None else None
+
     def forward(self, x: torch.Tensor, context: torch.Tensor | None = None,
                 mask: torch.Tensor | None = None, *, is_causal: bool = False,
                 cache: KVCache | None = None, need_weights: bool = False,
@@ -158,22 +186,12 @@ class MultiHeadAttention(nn.Module):
         """
         self._check_inputs(x, context, cache)
         q, k, v = self._project(x, context)
-        if self.rotary is not None:  # q and k share positions: one rotation of (B, H + H_kv, T, Dh)
-            if rope is None and positions is None:
-                start = cache.get_seq_len(self.layer_idx) if cache is not None else 0
-                positions = torch.arange(start, start + x.shape[1], device=x.device)
-            qk = torch.cat((q, k), dim=1)
-            qk = self.rotary(qk, positions) if rope is None else apply_rope(qk, *rope)
-            q, k = qk.split([self.num_heads, self.num_kv_heads], dim=1)
-        elif rope is not None:
-            raise ValueError("rope was given, but this layer has no rotary embedding to apply")
+        q, k = self._rotate(q, k, cache, positions, rope)
         if cache is not None:
             k, v = cache.update(self.layer_idx, k, v)  # (B, H_kv, S_past + T, Dh)
         B, _, T, _ = q.shape
         S = k.shape[2]
-        if isinstance(mask, torch.Tensor) and cache is not None and S < mask.shape[-1] == cache.get_seq_len(self.layer_idx):
-            mask = mask[..., -S:]                      # a rolling cache returned the last S positions seen
-        allowed = _masks.check_mask(mask, (B, self.num_heads, T, S)) if mask is not None else None
+        allowed = self._given_mask(mask, cache, B, T, S)
         p = self.dropout if self.training else 0.0
         window = self.window if self.window is not None and self.window < S else None  # None: hides nothing
         if not need_weights and is_causal and allowed is None and T == S and window is None:  # top-left == bottom-right

@@ -82,9 +82,10 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     """Rotate x (..., T, Dh) by the angles whose cos and sin are given: x·cos + rotate_half(x)·sin.
 
     cos, sin (T, Dh) broadcast over x's leading dims; (B, T, Dh) with a 4-D x (B, H, T, Dh) gets a
-    head axis inserted. They are cast to x's dtype (as transformers' Llama does).
+    head axis inserted. They are cast to x's dtype (as transformers' Llama does). cos, sin of width
+    R < Dh rotate the first R dims of each head only (partial RoPE, as Qwen3.5 and GPT-NeoX).
     """
-    if cos.shape != sin.shape or cos.shape[-2:] != x.shape[-2:] or (
+    if cos.shape != sin.shape or cos.shape[-2] != x.shape[-2] or not cos.shape[-1] <= x.shape[-1] or (
             x.dim() == 4 and cos.dim() == 3 and cos.shape[0] not in (1, x.shape[0])):
         T, Dh = x.shape[-2:]
         batched = f" or (B, T, Dh) = ({x.shape[0]}, {T}, {Dh})" if x.dim() == 4 else ""
@@ -94,6 +95,9 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
         cos, sin = cos[:, None], sin[:, None]  # (B, T, Dh) -> (B, 1, T, Dh): same for every head
     if cos.dtype != x.dtype:
         cos, sin = cos.to(x.dtype), sin.to(x.dtype)
+    if cos.shape[-1] < x.shape[-1]:  # partial RoPE: the first R dims turn, the other Dh - R pass unchanged
+        turned, kept = x.split([cos.shape[-1], x.shape[-1] - cos.shape[-1]], dim=-1)  # (..., T, R), (..., T, Dh - R)
+        return torch.cat((turned * cos + rotate_half(turned) * sin, kept), dim=-1)
     return x * cos + rotate_half(x) * sin
 
 
@@ -103,9 +107,14 @@ class RotaryEmbedding(nn.Module):
     Dimension j of a head and dimension j + Dh/2 form a pair rotated by the angle pos · θ_j,
     θ_j = base^(-2j / Dh), j < Dh/2. Rotating q at position m and k at position n gives
     q_m · k_n = q · R((n - m) θ) k: the score sees only the offset.
+
+    `inv_freq` replaces θ (Dh/2,) by a scaled set (YaRN, linear interpolation: attnlib.variants.rope), and
+    `attention_scaling` multiplies cos and sin (YaRN's attention factor). head_dim may be less than the
+    attention heads' width (partial RoPE): then only their first head_dim dims turn.
     """
 
-    def __init__(self, head_dim: int, max_position_embeddings: int = 2048, base: float = 10000.0) -> None:
+    def __init__(self, head_dim: int, max_position_embeddings: int = 2048, base: float = 10000.0, *,
+                 inv_freq: torch.Tensor | None = None, attention_scaling: float = 1.0) -> None:
         super().__init__()
         if _positive_int(head_dim, "head_dim") % 2:
             raise ValueError(f"head_dim must be even (dimensions are rotated in pairs), got {head_dim}")
@@ -114,7 +123,11 @@ class RotaryEmbedding(nn.Module):
         self.base = base
         # θ_j (Dh/2,), computed as transformers does so that the angles match bit for bit. A plain
         # float32 attribute, not a buffer: model.half() or .to(bfloat16) must not round the angles.
-        self.inv_freq = 1.0 / (base ** (torch.arange(0, head_dim, 2, dtype=torch.float) / head_dim))
+        self.inv_freq = 1.0 / (base ** (torch.arange(0, head_dim, 2, dtype=torch.float) / head_dim)) \
+            if inv_freq is None else inv_freq.float()
+        if self.inv_freq.shape != (head_dim // 2,):
+            raise ValueError(f"inv_freq of shape {fmt_shape(self.inv_freq.shape)} is not (head_dim / 2,) = ({head_dim // 2},)")
+        self.attention_scaling = attention_scaling
         self._cos = self._sin = torch.empty(0, head_dim)  # the table _cos_sin grows, float32 as well
 
     def cos_sin(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -135,13 +148,16 @@ class RotaryEmbedding(nn.Module):
             freqs = pos[:, None] * self.inv_freq.to(positions.device)  # (size, Dh/2)
             angles = torch.cat((freqs, freqs), dim=-1)                 # (size, Dh)
             self._cos, self._sin = angles.cos(), angles.sin()
+            if self.attention_scaling != 1.0:  # YaRN's attention factor, applied to cos and sin as transformers does
+                self._cos, self._sin = self._cos * self.attention_scaling, self._sin * self.attention_scaling
         return self._cos[positions], self._sin[positions]           # (..., T, Dh) each
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """x (B, H, T, Dh) rotated by positions (T,) or (B, T) (the same for every head)."""
         require_float_tensor(x, "x")
-        if x.dim() != 4 or x.shape[-1] != self.head_dim:
-            raise ValueError(f"x of shape {fmt_shape(x.shape)} is not (B, H, T, Dh) with Dh={self.head_dim}")
+        if x.dim() != 4 or x.shape[-1] < self.head_dim:
+            raise ValueError(f"x of shape {fmt_shape(x.shape)} is not (B, H, T, Dh) with Dh={self.head_dim} "
+                             f"(or more: partial RoPE turns the first {self.head_dim})")
         n = _check_positions(positions, self.max_position_embeddings, "max_position_embeddings")
         B, _, T, _ = x.shape
         if positions.shape[-1] != T or (positions.dim() == 2 and positions.shape[0] != B):

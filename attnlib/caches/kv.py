@@ -67,10 +67,15 @@ class KVCache:
         """B of the cached sequences (None for an empty cache)."""
         return self._k[0].shape[0] if self._k else None
 
+    def window(self, layer_idx: int) -> int | None:
+        """The window W layer `layer_idx` rolls with: sliding_window for every layer (a subclass may give
+        each layer its own: attnlib.caches.layer_windows.LayerWindowCache)."""
+        return self.sliding_window
+
     def _kept(self, layer_idx: int) -> int:
         """Positions layer `layer_idx` keeps for later tokens: all, or the last W - 1 under a window W."""
-        n = self._len[layer_idx]
-        return n if self.sliding_window is None else min(n, self.sliding_window - 1)
+        n, W = self._len[layer_idx], self.window(layer_idx)
+        return n if W is None else min(n, W - 1)
 
     @property
     def nbytes(self) -> int:
@@ -101,10 +106,12 @@ class KVCache:
         A rolling buffer cannot bring back the positions it dropped: cropping into them is a ValueError."""
         if isinstance(seq_len, bool) or not isinstance(seq_len, int) or not 0 <= seq_len <= self.seq_len:
             raise ValueError(f"seq_len must be an int in [0, {self.seq_len}] (the positions to keep), got {seq_len!r}")
-        needed = seq_len if self.sliding_window is None else min(seq_len, self.sliding_window - 1)  # for the next query
-        if seq_len - needed < max(self._dropped, default=0):
-            raise ValueError(f"cannot crop to seq_len={seq_len}: the rolling buffer (sliding_window="
-                             f"{self.sliding_window}) has dropped positions the next token attends to")
+        for layer_idx, dropped in enumerate(self._dropped):
+            W = self.window(layer_idx)
+            needed = seq_len if W is None else min(seq_len, W - 1)  # what the next query of this layer sees
+            if seq_len - needed < dropped:
+                raise ValueError(f"cannot crop to seq_len={seq_len}: the rolling buffer of layer {layer_idx} "
+                                 f"(window {W}) has dropped positions the next token attends to")
         self._len = [seq_len - dropped for dropped in self._dropped]
 
     def _check(self, layer_idx: int, k: torch.Tensor, v: torch.Tensor) -> None:
@@ -144,36 +151,36 @@ class KVCache:
             self._dropped.append(0)
         start, new = self._len[layer_idx], k.shape[2]
         if start + new > self._k[layer_idx].shape[2]:
-            if self.sliding_window is not None and self._kept(layer_idx) < start:
+            if self.window(layer_idx) is not None and self._kept(layer_idx) < start:
                 start = self._roll(layer_idx)
-            if start + new > self._capacity(start + new):  # a chunk longer than a rolling buffer may hold
+            if start + new > self._capacity(start + new, self.window(layer_idx)):  # longer than a rolling buffer holds
                 return self._update_past_buffer(layer_idx, k, v)
             if start + new > self._k[layer_idx].shape[2]:
-                self._grow(layer_idx, self._capacity(start + new))
+                self._grow(layer_idx, self._capacity(start + new, self.window(layer_idx)))
         k_buf, v_buf = self._k[layer_idx], self._v[layer_idx]
         k_buf.narrow(2, start, new).copy_(k)            # buffer[:, :, start:start + new] = k
         v_buf.narrow(2, start, new).copy_(v)
-        first = 0 if self.sliding_window is None else max(0, start - self.sliding_window + 1)  # the W - 1 kept
+        W = self.window(layer_idx)
+        first = 0 if W is None else max(0, start - W + 1)  # the W - 1 kept
         self._len[layer_idx] = end = start + new
         return k_buf.narrow(2, first, end - first), v_buf.narrow(2, first, end - first)  # views of the filled part
 
-    def _capacity(self, needed: int) -> int:
+    def _capacity(self, needed: int, W: int | None) -> int:
         """Positions to grow a buffer to: twice what it must hold (at least 16); under a window W, once that
         is more than the W - 1 positions kept, a rolling buffer's fixed size max(2 (W - 1), 16), so that
         each roll frees at least as many slots as it moves. Below `needed` only for a chunk that no
         rolling buffer holds (update passes it through _update_past_buffer)."""
         capacity = max(2 * needed, 16)
-        W = self.sliding_window
         return capacity if W is None or capacity <= W - 1 else max(2 * (W - 1), 16)
 
     def _update_past_buffer(self, layer_idx: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """update for a chunk longer than a rolling buffer holds (a long prompt): return the kept positions
         and the chunk concatenated, a new tensor that only the caller's attention holds, and keep the last
         W - 1 of them in a buffer of the rolling size, so that no buffer sized by the prompt stays behind."""
-        start, keep = self._len[layer_idx], self.sliding_window - 1    # start <= W - 1: update has rolled
+        start, keep = self._len[layer_idx], self.window(layer_idx) - 1  # start <= W - 1: update has rolled
         k_all = torch.cat([self._k[layer_idx].narrow(2, 0, start), k], dim=2)    # (B, H_kv, start + S_new, Dh)
         v_all = torch.cat([self._v[layer_idx].narrow(2, 0, start), v], dim=2)    # (B, H_kv, start + S_new, Dv)
-        size = self._capacity(keep)
+        size = self._capacity(keep, self.window(layer_idx))
         for buffers, full in ((self._k, k_all), (self._v, v_all)):
             if buffers[layer_idx].shape[2] != size:
                 buffers[layer_idx] = full.new_empty(full.shape[0], full.shape[1], size, full.shape[3])

@@ -1,0 +1,53 @@
+"""Tiny random transformers models of the 2025 architectures, every parameter perturbed (../shared RECIPES).
+
+Freshly initialised norms are exactly 1 (or 0 for the 1 + w kind) and sinks 0: a converter that forgot
+one would still agree with transformers. Noise on every parameter makes each one count.
+"""
+
+from __future__ import annotations
+
+import torch
+
+BASE = dict(vocab_size=97, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+            num_key_value_heads=2, head_dim=16, max_position_embeddings=256)
+
+
+def tiny(model_cls: type, config_cls: type, seed: int = 0, noise: float = 0.05, **overrides: object) -> torch.nn.Module:
+    """model_cls(config_cls(**BASE, **overrides)) in float32, eval mode, eos unset, every parameter + noise."""
+    config = config_cls(**{**BASE, "pad_token_id": None, "bos_token_id": None, "eos_token_id": None, **overrides})
+    config._attn_implementation = "eager"
+    torch.manual_seed(seed)
+    model = model_cls(config).float().eval()
+    g = torch.Generator().manual_seed(seed + 1)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(noise * torch.randn(p.shape, generator=g))
+    if getattr(model, "generation_config", None) is not None:
+        model.generation_config.eos_token_id = None
+        model.generation_config.pad_token_id = 0
+    return model
+
+
+def left_padded(B: int = 3, T: int = 9, vocab: int = 97, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """input_ids (B, T) and attention_mask (B, T): row b has 2b pad tokens (id 0) on the left."""
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(1, vocab, (B, T), generator=g)
+    mask = torch.ones(B, T, dtype=torch.long)
+    for b in range(B):
+        mask[b, :2 * b] = 0
+    return ids.masked_fill(mask == 0, 0), mask
+
+
+def attention_io(model: torch.nn.Module, layer: int, ids: torch.Tensor, name: str = "self_attn"):
+    """The hidden states that reach model.model.layers[layer].<name> and what it returns, in a full forward."""
+    seen = {}
+
+    def hook(module, args, kwargs, out):
+        seen["x"], seen["y"] = kwargs["hidden_states"], out[0]
+    handle = getattr(model.model.layers[layer], name).register_forward_hook(hook, with_kwargs=True)
+    try:
+        with torch.no_grad():
+            model(ids)
+    finally:
+        handle.remove()
+    return seen["x"], seen["y"]
