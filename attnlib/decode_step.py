@@ -11,9 +11,9 @@ LlamaBlock and MultiHeadAttention, in the same order, on plain tensors.
 A step is memory-bound: each matrix is read once for a few rows (chapter 12). In a model of
 PACK_MODEL_MIN parameters or more, each float32 matrix of PACK_MIN elements or more is therefore
 multiplied by oneDNN's kernel for a weight prepacked in oneDNN's own blocked layout, which reads it
-with every thread; whether that beats torch.mm depends on the CPU (on the machine that stored chapter
-12 it read SmolLM2's output layer about 2x faster, on another Intel host no faster;
-benchmarks/bench_kernels.py times the layouts and kernels). A call costs ~10 us more than torch.mm's.
+with every thread; whether that beats torch.mm depends on the CPU (on the hosts this book was run
+on, it read SmolLM2's output layer from no faster to about 2x faster; benchmarks/bench_kernels.py
+times the layouts and kernels on yours). A call costs ~10 us more than torch.mm's.
 The copy is packed without a batch size (told one row, oneDNN keeps the plain (out, in) layout, which
 read SmolLM2's matrices more slowly where it was timed). It is made the first time it is needed, in
 generate during the prefill (packed_linears) or when a DecodeStep is built, reused while the weight
