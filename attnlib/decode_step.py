@@ -10,16 +10,17 @@ LlamaBlock and MultiHeadAttention, in the same order, on plain tensors.
 
 A step is memory-bound: each matrix is read once for a few rows (chapter 12). In a model of
 PACK_MODEL_MIN parameters or more, each float32 matrix of PACK_MIN elements or more is therefore
-multiplied by oneDNN's kernel for a weight prepacked in its own blocked layout, which reads it with
-every thread at close to a plain sum's bytes per second (about 2x torch.mm's matrix-vector product
-here) but costs ~10 us per call, so it pays from ~2^17 elements on. The copy is packed without a
-batch size: told one row, oneDNN keeps the plain (out, in) layout and its AVX2 kernel, which read
-SmolLM2's output layer and 576 x 1536 matrices more slowly (chapter 12 times both). It is made the
-first time a DecodeStep or generate's prefill (packed_linears) needs it, and reused while the weight is
-unchanged. Other matrices go through torch.mm
-exactly as F.linear does, so the logits of a model with nothing packed are bit-identical to
-LlamaDecoder.forward's, and those of a larger one equal them to float32 rounding
-(tests/test_decode_step.py).
+multiplied by oneDNN's kernel for a weight prepacked in oneDNN's own blocked layout, which reads it
+with every thread; whether that beats torch.mm depends on the CPU (on the hosts this book was run
+on, it read SmolLM2's output layer from no faster to about 2x faster; benchmarks/bench_kernels.py
+times the layouts and kernels on yours). A call costs ~10 us more than torch.mm's.
+The copy is packed without a batch size (told one row, oneDNN keeps the plain (out, in) layout, which
+read SmolLM2's matrices more slowly where it was timed). It is made the first time it is needed, in
+generate during the prefill (packed_linears) or when a DecodeStep is built, reused while the weight
+is unchanged, and held next to the weight: the packed matrices take as many bytes again
+(packed_bytes). Other matrices go through torch.mm exactly as F.linear does, so the logits of a model
+with nothing packed are bit-identical to LlamaDecoder.forward's, and those of a larger one equal them
+to float32 rounding (tests/test_decode_step.py).
 """
 
 from __future__ import annotations
@@ -34,14 +35,15 @@ from torch.utils.weak import WeakTensorKeyDictionary
 from attnlib.decoder import LlamaDecoder, rms_norm
 from attnlib.caches import KVCache, check_cache
 
-__all__ = ["DecodeStep", "packed_linears", "PACK_MIN", "PACK_MODEL_MIN"]
+__all__ = ["DecodeStep", "packed_linears", "packed_bytes", "PACK_MIN", "PACK_MODEL_MIN"]
 
 PACK_MIN = 2**17        # elements of a matrix (512 KiB of float32): from here packed beat torch.mm from memory
 PACK_MODEL_MIN = 2**22  # parameters of the model. Measured on this book's 2-core machine, a step with packing
 # against one without: 1.2x slower at 3.3M parameters (bench_decode's model: D 256, 8 heads, 2 key/value heads,
 # 4 layers, d_ff 688, vocab 1000), no faster at 4.7M (D 384, 6 and 2 heads, 2 layers, d_ff 1024, vocab 2000),
-# 1.5x faster at 6.9M (D 512, 8 and 2 heads, 1 layer, d_ff 1376, vocab 4000): the packed kernel's cost per call
-# (~8 us more than torch.mm's) pays only on larger matrices
+# 1.5x faster at 6.9M (D 512, 8 and 2 heads, 1 layer, d_ff 1376, vocab 4000). Not the matrices' size: the 4.7M
+# model's are all of PACK_MIN elements or more. Why it gains nothing was not measured; a likely cause is that its
+# 13-19 MB of weights stay in the last-level cache between steps, where reading memory faster does not count
 _PACKED = WeakTensorKeyDictionary()  # weight -> (its version when packed, the packed copy)
 
 
@@ -120,6 +122,13 @@ def packed_linears(decoder: LlamaDecoder) -> Iterator[None]:
     finally:
         for linear in swapped:
             del linear.forward
+
+
+def packed_bytes(decoder: LlamaDecoder) -> int:
+    """Bytes of the packed copies now held for the decoder's current weights (0 before generate or a
+    DecodeStep has packed them, or for a model too small to pack): memory on top of weight_bytes."""
+    held = [(_PACKED.get(p, (None, None)), p._version) for p in decoder.parameters()]
+    return sum(packed.nbytes for (version, packed), now in held if version == now)
 
 
 def _large(decoder: LlamaDecoder) -> bool:

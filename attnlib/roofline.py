@@ -1,16 +1,17 @@
-"""How fast decoding can be: each new token reads every weight it multiplies by once, so memory bandwidth
-bounds tokens/s.
+"""How fast decoding can be: each step reads every weight it multiplies by, and every sequence's KV cache,
+once, so memory bandwidth bounds tokens/s.
 
 A cached decoding step at batch 1 multiplies one row vector by every weight matrix: two FLOPs per
 weight (a multiply and an add) for the four bytes a float32 weight takes to read. A CPU does far
-more arithmetic per second than that ratio needs, so the step waits on memory: it is *memory-bound*,
-and a step that reads each weight as stored (4 bytes in float32) for one sequence produces no more than
+more arithmetic per second than that ratio needs, so the step waits on memory: it is *memory-bound*.
+A step for a batch of B sequences reads the weights once for all its rows, and each sequence's own
+KV cache (bytes that grow with B x context), so it produces at most
 
-    tokens/s <= read bandwidth / bytes of the weights
+    tokens/s <= B x read bandwidth / (bytes of the weights + bytes of the B caches)
 
-tokens per second (the KV cache, small next to the weights at short lengths, adds its own bytes). The
-bound is per step: a batch shares each read among its rows, and fewer bytes per weight raise it.
-read_bandwidth estimates the first number on this machine; weight_bytes counts the second.
+tokens per second. At batch 1 and a short context the weights dominate; at long context and large B
+the caches do, and then batching no longer raises the bound. read_bandwidth estimates the bandwidth
+on this machine, weight_bytes counts the weights' bytes, attnlib.caches.cache_bytes a cache's.
 """
 
 from __future__ import annotations
@@ -30,8 +31,8 @@ def read_bandwidth(nbytes: int = 2**30, repeats: int = 5, seconds: float = 0.0) 
     `seconds` (one sum at least), the bytes over the time; the best of `repeats` such windows.
 
     On a machine shared with other work the rate moves (on this book's machine single 1 GiB sums have read
-    anywhere from about 20 to 80 GB/s from one time to another, and the rate can change within a second), so
-    the fastest short sum is a best moment, not what a longer call can average. A limit for a call that
+    anywhere from about 20 to 80 GB/s from one time to another), so the fastest short sum is a best moment,
+    not what a longer call can average. A limit for a call that
     takes t seconds is measured over windows of t seconds (chapter 12, `make bench`). A well-threaded kernel
     can read faster than a plain sum (chapter 12)."""
     require_count(nbytes, "nbytes", 4, "bytes of the buffer, one float32 at least")
@@ -58,7 +59,10 @@ def weight_bytes(model: torch.nn.Module) -> int:
     return sum(p.numel() * p.element_size() for p in model.parameters())  # parameters() lists a tied one once
 
 
-def streaming_limit(model: torch.nn.Module, bandwidth: float) -> float:
-    """The most tokens per second a batch-1 decoding step can reach, by this estimate: bandwidth /
-    weight_bytes(model), for a step that multiplies by every weight (a tied output layer does)."""
-    return bandwidth / weight_bytes(model)
+def streaming_limit(model: torch.nn.Module, bandwidth: float, *, batch: int = 1, cache_bytes: int = 0) -> float:
+    """The most tokens per second a decoding step can reach, by this estimate: batch x bandwidth /
+    (weight_bytes(model) + cache_bytes), for a step that multiplies by every weight (a tied output layer
+    does) and reads `cache_bytes`, the KV caches of all `batch` sequences (0: the weights alone)."""
+    require_count(batch, "batch", 1, "sequences in the step")
+    require_count(cache_bytes, "cache_bytes", 0, "bytes of the batch's KV caches")
+    return batch * bandwidth / (weight_bytes(model) + cache_bytes)

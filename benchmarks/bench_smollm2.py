@@ -4,12 +4,14 @@ and against this machine's weight-streaming limit.
 64 new tokens after a chat prompt. Both generate the same tokens (checked first), then attnlib's
 generate and transformers' are timed side by side in alternating rounds. A batch-1 step reads every
 weight once, so tokens/s <= read bandwidth / weight bytes (attnlib.roofline). On a shared host the
-bandwidth moves (single 1 GiB sums have read about 20 to 80 GB/s on this book's machine, and the rate
-can change within a second), so it is measured like attnlib's time: right after each of attnlib's two
+bandwidth moves (single 1 GiB sums have read about 20 to 80 GB/s on this book's machine), so it is
+measured like attnlib's time: right after each of attnlib's two
 calls, over a window as long as that call, the better of the two windows against the faster of the two
 calls. Each round's tokens/s is divided by that round's limit: a single fast sum, or the best round,
 would compare a quiet moment with a busy one. Both rows are higher-is-better ratios, the median of the
-per-round ratios (which need not equal the ratio of the medians the labels print).
+per-round ratios (which need not equal the ratio of the medians the labels print). The first ratio is
+not a property of the two libraries: it depends on how fast each one's kernels read the weights on this
+CPU (benchmarks/bench_kernels.py) and on the Python around each step, so it differs between machines.
 """
 
 from __future__ import annotations

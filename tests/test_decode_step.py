@@ -9,7 +9,7 @@ import torch
 from attnlib import KVCache, LlamaDecoder
 import attnlib.decode_step
 import attnlib.generation
-from attnlib.decode_step import _PACKED, PACK_MIN, PACK_MODEL_MIN, DecodeStep, packed_linears
+from attnlib.decode_step import _PACKED, PACK_MIN, PACK_MODEL_MIN, DecodeStep, packed_bytes, packed_linears
 from test_decoder import _left_pad, ids, tiny_llama
 
 STEPS = 6
@@ -111,6 +111,20 @@ def test_large_matrices_use_the_prepacked_kernel_and_equal_forward_to_rounding(m
             assert torch.equal(a.argmax(-1), b.argmax(-1))
         if torch.backends.mkldnn.is_available():
             assert dec.blocks[0].mlp.gate_up.weight in _PACKED    # packed once, kept for the next steps
+
+
+@pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="a PyTorch without oneDNN packs nothing")
+def test_packed_bytes_counts_the_copies_of_the_current_weights(monkeypatch):
+    """Nothing before the first step; then as many bytes as the packed matrices (gate_up, down, lm_head of
+    both layers: the packed layout pads nothing here); a changed weight's stale copy is not counted."""
+    dec = _wide_decoder(monkeypatch)
+    assert packed_bytes(dec) == 0
+    with torch.inference_mode():
+        _both(dec, ids(1, 5), None)
+        large = {dec.lm_head.weight} | {w for b in dec.blocks for w in (b.mlp.gate_up.weight, b.mlp.down.weight)}
+        assert packed_bytes(dec) == sum(w.nbytes for w in large)
+        dec.lm_head.weight.mul_(2.0)
+    assert packed_bytes(dec) == sum(w.nbytes for w in large) - dec.lm_head.weight.nbytes
 
 
 def test_a_changed_weight_is_packed_again(monkeypatch):

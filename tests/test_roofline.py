@@ -5,6 +5,7 @@ import torch
 
 from attnlib import LlamaDecoder
 from attnlib import roofline
+from attnlib.caches import cache_bytes
 from attnlib.roofline import read_bandwidth, streaming_limit, weight_bytes
 
 
@@ -26,6 +27,26 @@ def test_weight_bytes_counts_a_tied_output_layer_once():
 def test_streaming_limit_is_the_bandwidth_over_the_weight_bytes():
     model = _decoder(True)
     assert streaming_limit(model, 3e10) == pytest.approx(3e10 / weight_bytes(model))
+
+
+def test_a_batch_shares_the_weights_and_reads_its_own_caches():
+    """B sequences share one read of the weights but each reads its cache: with the caches of the batch as
+    large as the weights, the bound is half of B times the batch-1 bound, and it saturates at
+    bandwidth / (one sequence's cache) as B grows."""
+    model = _decoder(True)
+    weights, bandwidth = weight_bytes(model), 3e10
+    assert streaming_limit(model, bandwidth, batch=4) == pytest.approx(4 * bandwidth / weights)
+    assert streaming_limit(model, bandwidth, batch=4, cache_bytes=weights) == pytest.approx(2 * bandwidth / weights)
+    per_sequence = cache_bytes(2, 2, 4, 1000, bytes_per_element=4)       # this model's cache at 1000 tokens
+    big = streaming_limit(model, bandwidth, batch=10**6, cache_bytes=10**6 * per_sequence)
+    assert big < bandwidth / per_sequence and big == pytest.approx(bandwidth / per_sequence, rel=1e-3)
+
+
+@pytest.mark.parametrize("kwargs, name", [({"batch": 0}, "batch"), ({"batch": 1.5}, "batch"),
+                                          ({"cache_bytes": -1}, "cache_bytes")])
+def test_a_bad_batch_or_cache_size_is_named(kwargs, name):
+    with pytest.raises(ValueError, match=name):
+        streaming_limit(_decoder(True), 3e10, **kwargs)
 
 
 def test_a_window_sums_until_its_seconds_have_passed(monkeypatch):
