@@ -116,6 +116,14 @@ def test_qkv_shard_names_mistakes():
         return torch.cat([q[a:b], k[a:b], v[a:b]])
     assert_names(check_qkv_shard(by_query_range), "query heads' range")
 
+    def round_robin(w, H, H_kv, r, W):  # query heads r, r + W, ... and the kv heads they use
+        Dh, (q, k, v) = _split(w, H, H_kv)
+        heads = range(r, H, W)
+        kv = sorted({i // (H // H_kv) for i in heads})
+        rows = lambda x, ids: torch.cat([x[i * Dh:(i + 1) * Dh] for i in ids])  # noqa: E731
+        return torch.cat([rows(q, heads), rows(k, kv), rows(v, kv)])
+    assert_names(check_qkv_shard(round_robin), "round-robin")
+
     def kv_split_only(w, H, H_kv, r, W):
         Dh, (q, k, v) = _split(w, H, H_kv)
         ka, kb = r * H_kv // W * Dh, (r + 1) * H_kv // W * Dh

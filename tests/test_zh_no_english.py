@@ -52,7 +52,7 @@ NAMES = _cited_authors() | {
     "Annotated", "Megatron", "fairseq",  # codebases whose style an interview answer borrows (chapter 10)
     "Pythia",  # a model family (chapter 12: where Xiao et al. found attention sinks)
     "Gemma",  # a model family (chapter 13: Gemma 2 alternates windowed and global layers)
-    "Ulysses", "Shoeybi", "Jacobs",  # DeepSpeed-Ulysses and the papers chapter 17 links (not in references.bib)
+    "Ulysses", "DeepSpeed",  # DeepSpeed-Ulysses (chapter 17; its authors are in references.bib)
     "True", "False", "None",  # Python's constants, written as in code
     "Dh", "Dv",  # the book's dimension letters for the head width (DESIGN: B, H, H_kv, T, S, D, Dh)
     "attention-book",  # the book's author line

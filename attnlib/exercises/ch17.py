@@ -70,7 +70,7 @@ def check_ring_merge(fn: Callable[..., tuple[torch.Tensor, torch.Tensor]]) -> st
                 (o1 + o2) / 2,
             "weighted by exp(lse) without dividing by exp(lse1) + exp(lse2) (and exp overflows): use "
             "exp(lse1 - lse) and exp(lse2 - lse)": o1 * weights[0] + o2 * weights[1],
-            "the weights swapped: out1 takes exp(lse1 - lse), out2 exp(lse2 - lse)":
+            "you swapped the weights: out1 must take exp(lse1 - lse) and out2 exp(lse2 - lse)":
                 o1 * torch.exp(l2 - lse)[..., None] + o2 * torch.exp(l1 - lse)[..., None],
             "computed exp(lse1) + exp(lse2) directly: it overflows for large scores (inf / inf = NaN); "
             "subtract the max first (torch.logaddexp does)": (o1 * weights[0] + o2 * weights[1]) / (weights[0] + weights[1]),
@@ -124,6 +124,14 @@ def check_seq_to_heads(fn: Callable[[list], list]) -> str:
 
 # --- 3. one rank's rows of a fused GQA projection ---------------------------------------------
 
+def _round_robin(q, k, v, H: int, H_kv: int, rank: int, W: int, Dh: int) -> torch.Tensor:
+    """The rows of query heads rank, rank + W, ... and of the key/value heads they use (a wrong split)."""
+    heads = list(range(rank, H, W))
+    kv = sorted({i // (H // H_kv) for i in heads})
+    rows = lambda w, ids: torch.cat([w[i * Dh:(i + 1) * Dh] for i in ids])  # noqa: E731
+    return torch.cat([rows(q, heads), rows(k, kv), rows(v, kv)])
+
+
 @checker("a rank's rows of a fused GQA projection")
 def check_qkv_shard(fn: Callable[..., torch.Tensor]) -> str:
     """fn(weight, num_heads, num_kv_heads, rank, world_size) returns the rows of the fused [W_q; W_k; W_v]
@@ -146,5 +154,7 @@ def check_qkv_shard(fn: Callable[..., torch.Tensor]) -> str:
             "so copy each kv head to the W/H_kv ranks that use it": torch.cat([q[a:b], k[ka:kb], v[ka:kb]]),
             "cut the key/value heads by the query heads' range: with GQA there are fewer kv heads": torch.cat(
                 [q[a:b], k[a:b], v[a:b]]),
+            "heads dealt round-robin (rank r got heads r, r + W, ...): this chapter gives each rank a contiguous "
+            "group of query heads": _round_robin(q, k, v, H, H_kv, rank, W, Dh),
         })
     return "MHA, GQA split among 2 and 4 ranks, kv heads copied when fewer than ranks, and MQA"

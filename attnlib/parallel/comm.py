@@ -4,8 +4,9 @@ W processes in a group; a tensor of n bytes:
 
 - ring_shift: this rank sends its tensor to rank r + 1 and receives rank r - 1's: n bytes sent.
 - all_to_all: chunk j of W goes to rank j; the own chunk stays: (W - 1)/W · n bytes sent.
-- all_reduce (sum): counted as the bandwidth-optimal ring algorithm's 2(W - 1)/W · n (a reduce-scatter,
-  then an all-gather); gloo may pick another algorithm, so this one count is the algorithm's, not the wire's.
+- all_reduce (sum): gloo's CPU all-reduce is by default a ring (a reduce-scatter, then an all-gather),
+  which sends 2(W - 1)/W · n per rank; that is what is recorded, from the size of the tensor handed to it.
+Every count is the payload handed to the call, not bytes read off the socket.
 
 Without an initialised process group everything runs as a group of one: nothing is sent.
 """

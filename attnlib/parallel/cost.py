@@ -4,13 +4,14 @@ One layer of self-attention over B sequences of T positions, H heads of width Dh
 among W ranks, e bytes per element; bytes sent by one rank:
 
 - ring attention, forward: W - 1 steps, each passing the held K and V blocks, 2·B·H·(T/W)·Dh·e:
-  2(W - 1)/W · B·T·D·e, whatever W is: it does not shrink as ranks are added.
+  2(W - 1)/W · B·T·D·e: (W - 1)/W of all of K and V, growing toward 2·B·T·D·e as ranks are added.
   Backward: W - 1 steps passing K, V and their gradients (4 blocks), then one with the gradients (2):
   (4(W - 1) + 2)/W · B·T·D·e.
 - Ulysses, forward: one all-to-all of the stacked q, k, v (3·B·H·(T/W)·Dh·e, of which (W - 1)/W leaves)
-  and one of the output: 4(W - 1)/W² · B·T·D·e; falls as 1/W. Backward: the same, mirrored.
+  and one of the output: 4(W - 1)/W² · B·T·D·e, MHA-shaped k, v; roughly 4/W of B·T·D·e for large W.
+  Backward: the same, mirrored.
 - tensor-parallel heads, forward: one all-reduce of the (B, T, D) output: 2(W - 1)/W · B·T·D·e in a ring
-  all-reduce; backward: one more, of the gradient of x.
+  all-reduce (gloo's default), growing toward 2·B·T·D·e; backward: one more, of the gradient of x.
 """
 
 from __future__ import annotations

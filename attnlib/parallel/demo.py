@@ -1,13 +1,17 @@
 """What chapter 17 runs in each process (launch needs importable functions, so they live here).
 
 run_all(rank, W, ...) checks every method against one process's attention on the same data (forward and
-backward), counts what each sends and the ring's work, and times each method's layer; everything comes
-back as plain numbers, one dict per rank.
+backward), counts what each sends and the ring's work, and times each method's attention core; everything
+comes back as plain numbers, one dict per rank.
 """
 
 from __future__ import annotations
 
+import statistics
+import time
+
 import torch
+import torch.distributed as dist
 
 from attnlib.attention import attention
 from attnlib.masks import causal_mask
@@ -17,7 +21,6 @@ from attnlib.parallel.layout import shard
 from attnlib.parallel.ring import ring_attention
 from attnlib.parallel.tensor_parallel import TensorParallelAttention
 from attnlib.parallel.ulysses import ulysses_attention
-from attnlib.timing import best_time
 
 __all__ = ["run_all", "time_methods", "METHODS"]
 
@@ -66,20 +69,31 @@ def _check_tensor_parallel(rank: int, W: int, T: int, H: int, H_kv: int, Dh: int
     with tally() as fwd:
         mine = tp(x2, is_causal=True)
     ref.sum().backward()
-    mine.sum().backward()
+    with tally() as bwd:
+        mine.sum().backward()
     return dict(forward=(mine - ref).abs().max().item(), backward=(x2.grad - x1.grad).abs().max().item(),
-                bytes=fwd.total, heads=(tp.heads.start, tp.heads.stop), kv_heads=(tp.kv_heads.start, tp.kv_heads.stop))
+                bytes=(fwd.total, bwd.total), heads=(tp.heads.start, tp.heads.stop), kv_heads=(tp.kv_heads.start, tp.kv_heads.stop))
 
 
 def time_methods(rank: int, W: int, T: int, H: int, Dh: int, repeats: int) -> dict:
-    """Seconds per causal layer, forward and backward, on this rank (float32)."""
+    """Median seconds of `repeats` runs (after one warm-up) of each method's causal attention core, forward
+    and backward, on this rank (float32; q, k, v already sharded, no projections). The ranks meet at a
+    barrier before each run, so each run starts together on every rank."""
     g = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(1, H, T, Dh, generator=g) for _ in range(3))
 
-    def step(name):
+    def run(name: str) -> float:
+        if W > 1:
+            dist.barrier()
+        start = time.perf_counter()
         o, _ = _sequence_method(name, q, k, v, rank, W, True)
         o.sum().backward()
-    return {name: best_time(lambda n=name: step(n), repeats) for name in METHODS}
+        return time.perf_counter() - start
+    out = {}
+    for name in METHODS:
+        run(name)  # warm-up
+        out[name] = statistics.median(run(name) for _ in range(repeats))
+    return out
 
 
 def _errors(rank: int, W: int, T: int, H: int, Dh: int) -> dict:
@@ -98,8 +112,11 @@ def _errors(rank: int, W: int, T: int, H: int, Dh: int) -> dict:
                 tensor_parallel=message(lambda: tp(x)))
 
 
-def run_all(rank: int, W: int, T: int = 32, H: int = 4, Dh: int = 8, T_time: int = 1024, repeats: int = 3) -> dict:
-    """Every check of chapter 17 in one process of W; returns plain data."""
-    return dict(sequence=_check_sequence(rank, W, T, H, Dh), errors=_errors(rank, W, T, H, Dh),
-                tensor_parallel={kv: _check_tensor_parallel(rank, W, T, H, kv, Dh) for kv in (H, H // 2, 1)},
-                seconds=time_methods(rank, W, T_time, H, Dh, repeats) if T_time else {})
+def run_all(rank: int, W: int, T: int = 32, H: int = 4, Dh: int = 8, T_time: int = 512, repeats: int = 5) -> dict:
+    """Every check of chapter 17 in one process of W; returns plain data, with the seconds spent in here."""
+    start = time.perf_counter()
+    out = dict(sequence=_check_sequence(rank, W, T, H, Dh), errors=_errors(rank, W, T, H, Dh),
+               tensor_parallel={kv: _check_tensor_parallel(rank, W, T, H, kv, Dh) for kv in (H, H // 2, 1)},
+               seconds=time_methods(rank, W, T_time, H, Dh, repeats) if T_time else {})
+    return out | dict(busy=time.perf_counter() - start)
+

@@ -6,8 +6,8 @@ attention, which gives each query a normalized output o and its log-sum-exp λ =
 passes the block on to rank r + 1. (o, λ) is a partial softmax result with m = λ, l = 1, acc = o, so
 chapter 9's merge_partials folds the W partial results into the output over the whole sequence.
 
-Backward (as chapter 9's tiled backward, recomputing): with the final λ and D = rowsum(dO ∘ O) each
-block's share of dq, dk, dv is exact on its own. The key/value blocks travel the ring again, now with
+Backward (as chapter 9's tiled backward, recomputing): with the final λ and δ = rowsum(dO ∘ O), both
+per-query numbers over the whole row, each block's share of dq, dk, dv is exact on its own. The key/value blocks travel the ring again, now with
 their dk, dv accumulators, and a last step brings each accumulator home: every rank runs the same
 ring_shift calls in the same order. Bytes each rank sends per layer, e = bytes per element:
 forward 2(W - 1)·B·H·(T/W)·Dh·e, backward (4(W - 1) + 2)·B·H·(T/W)·Dh·e (Dv = Dh).
@@ -90,7 +90,7 @@ class _RingAttention(torch.autograd.Function):
         batch, is_causal, layout, group, scale = ctx.args
         rank, W = world(group)
         c, Dh = q3.shape[1] // len(chunk_ids(rank, W, layout)), k3.shape[-1]
-        D = (dout * out).sum(dim=-1)  # (N, n): rowsum(dO ∘ O) over the whole output
+        delta = (dout * out).sum(dim=-1)  # (N, n): δ = rowsum(dO ∘ O) over the whole output
         dq = torch.zeros_like(q3)
         kv = torch.cat((k3, v3), dim=-1)  # (N, n, Dh + Dv)
         dkv = torch.zeros_like(kv)         # the travelling block's dk, dv accumulators
@@ -98,7 +98,7 @@ class _RingAttention(torch.autograd.Function):
             for i, j, kind in causal_pairs(rank, (rank - t) % W, W, layout, is_causal):
                 qi, kj = slice(i * c, (i + 1) * c), slice(j * c, (j + 1) * c)
                 k_j, v_j = kv[:, kj].split([Dh, v3.shape[-1]], dim=-1)
-                dq_i, dk_j, dv_j = backward_rows(q3[:, qi], k_j, v_j, dout[:, qi], D[:, qi], lse2[:, qi], None,
+                dq_i, dk_j, dv_j = backward_rows(q3[:, qi], k_j, v_j, dout[:, qi], delta[:, qi], lse2[:, qi], None,
                                                  0 if kind == "diagonal" else None, scale, min(128, c), batch)
                 dq[:, qi] += dq_i
                 dkv[:, kj] += torch.cat((dk_j, dv_j), dim=-1)

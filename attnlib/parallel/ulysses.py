@@ -3,9 +3,9 @@
 Each of W ranks holds q, k, v for all H heads and its T/W positions. One all-to-all sends head group g
 (heads g·H/W .. (g+1)·H/W - 1) of this block to rank g, so afterwards each rank holds H/W heads for
 all T positions: attention per head needs nothing else, so it is plain full attention (causal or not).
-A second all-to-all sends the output back to sequence blocks. Heads must divide among the ranks: H ≥ W
-and H % W == 0. Bytes each rank sends per layer, e = bytes per element:
-(W - 1)/W · (3 + 1) · B·H·(T/W)·Dh·e, i.e. 4(W - 1)/W² · B·T·D·e with D = H·Dh; it falls as W grows.
+A second all-to-all sends the output back to sequence blocks. Heads must divide among the ranks: W must
+divide H. Bytes each rank sends per layer, e = bytes per element (MHA-shaped k, v):
+(W - 1)/W · (3 + 1) · B·H·(T/W)·Dh·e, i.e. 4(W - 1)/W² · B·T·D·e with D = H·Dh; roughly 4/W of B·T·D·e.
 """
 
 from __future__ import annotations
@@ -59,7 +59,7 @@ def ulysses_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, is_c
 
     q, k, v (B, H, T/W, Dh): rank r's contiguous positions r·T/W ..; returns (B, H, T/W, Dh), equal to
     the same rows of full attention over all T positions (is_causal: query i sees keys j <= i).
-    Differentiable (the all-to-alls' gradients are the inverse all-to-alls). Requires H % W == 0.
+    Differentiable (the all-to-alls' gradients are the inverse all-to-alls). Requires W to divide H.
     """
     rank, W = world(group)
     check_blocks(q, k, v, 1)
@@ -67,10 +67,10 @@ def ulysses_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, is_c
     if v.shape[-1] != Dh:
         raise ValueError(f"v of shape {fmt_shape(v.shape)}: Ulysses stacks q, k, v into one all-to-all, "
                          f"so v needs q's head width Dh={Dh}")
-    if H < W or H % W:
+    if H % W:
         raise ValueError(f"q of shape {fmt_shape(q.shape)}: Ulysses splits the H={H} heads among {W} ranks, "
-                         f"so H must be a multiple of the number of ranks ({W}); use ring attention, "
-                         f"or fewer ranks, when heads are fewer than ranks")
+                         f"so the number of ranks must divide H; use ring attention, or a number of ranks "
+                         f"that divides H")
     qkv = _Reshard.apply(torch.stack((q, k, v)), seq_to_heads, heads_to_seq, group)  # (3, B, H, n, Dh) -> (3, B, H/W, T, Dh)
     scale = 1.0 / math.sqrt(Dh) if scale is None else scale
     y = F.scaled_dot_product_attention(*qkv.unbind(0), is_causal=is_causal, scale=scale)  # (B, H/W, T, Dh)
