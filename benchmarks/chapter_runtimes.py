@@ -100,20 +100,16 @@ def main() -> None:
     os.environ.pop("MPLBACKEND", None)
     prefixes = tuple(args.prefixes) or ("",)
     paths = [p for p in sorted(CHAPTERS.glob("[0-9][0-9]_*.ipynb")) if p.stem.startswith(prefixes)]
-    slow: list[tuple[str, int, float]] = []
     with busy_machine(args.busy):
         print(f"{os.cpu_count()} CPU cores, {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC, "
               f"{args.busy} busy torch processes beside each chapter\n\n"
-              "| chapter | seconds | load before |\n| --- | ---: | ---: |")
+              f"| chapter | seconds | load before | cells of {args.cells:g} s or more (index from 0: seconds) |\n"
+              "| --- | ---: | ---: | --- |")
         for path in paths:
             load = os.getloadavg()[0]
             seconds, cells = run(path)
-            print(f"| {path.stem} | {seconds:.0f} | {load:.1f} |", flush=True)
-            slow += [(path.stem, i, s) for i, s in enumerate(cells) if s >= args.cells]
-    print(f"\nCells that took {args.cells:g} s or more (index as in the notebook's cells, from 0):\n\n"
-          "| chapter | cell | seconds |\n| --- | ---: | ---: |")
-    for stem, i, s in slow:
-        print(f"| {stem} | {i} | {s:.1f} |")
+            slow = ", ".join(f"{i}: {s:.1f}" for i, s in enumerate(cells) if s >= args.cells)
+            print(f"| {path.stem} | {seconds:.0f} | {load:.1f} | {slow} |", flush=True)
 
 
 if __name__ == "__main__":
