@@ -30,6 +30,7 @@ from pathlib import Path
 import nbformat
 import yaml
 from nbclient import NotebookClient
+from nbclient.exceptions import CellExecutionError, CellTimeoutError
 
 ROOT = Path(__file__).resolve().parent.parent
 CHAPTERS = ROOT / "chapters"
@@ -75,15 +76,24 @@ def cell_seconds(cell: nbformat.NotebookNode) -> float:
     return (parse(end.replace("Z", "+00:00")) - parse(start.replace("Z", "+00:00"))).total_seconds()
 
 
-def run(path: Path, timeout: int = CELL_TIMEOUT) -> tuple[float, list[float]]:
+def run(path: Path, timeout: int = CELL_TIMEOUT) -> tuple[float, list[float], str | None]:
     """Execute one notebook from a fresh kernel, run from the chapters folder, as the book build does
-    (a cell that runs over `timeout` seconds fails). Returns the wall-clock seconds and the seconds
-    of each cell (0 for a Markdown cell), indexed as the notebook's cells are."""
+    (a cell that runs over `timeout` seconds fails). Returns the wall-clock seconds, the seconds of
+    each cell (0 for a Markdown cell or one not reached), indexed as the notebook's cells are, and
+    None, or what stopped the run (a timeout or an error, with the cell's index)."""
     nb = nbformat.read(path, as_version=4)
-    start = time.perf_counter()
-    NotebookClient(nb, timeout=timeout, record_timing=True,
-                   resources={"metadata": {"path": str(path.parent)}}).execute()
-    return time.perf_counter() - start, [cell_seconds(c) if c.cell_type == "code" else 0.0 for c in nb.cells]
+    for cell in nb.cells:
+        cell.metadata.pop("execution", None)  # the stored run's timestamps, not this one's
+    client = NotebookClient(nb, timeout=timeout, record_timing=True,
+                            resources={"metadata": {"path": str(path.parent)}})
+    start, error = time.perf_counter(), None
+    try:
+        client.execute()
+    except (CellExecutionError, CellTimeoutError) as failure:
+        reached = max((i for i, c in enumerate(nb.cells) if "execution" in c.metadata), default=0)
+        error = f"cell {reached}: {type(failure).__name__}: {str(failure).strip().splitlines()[0]}"
+    seconds = time.perf_counter() - start
+    return seconds, [cell_seconds(c) if c.cell_type == "code" else 0.0 for c in nb.cells], error
 
 
 def main() -> None:
@@ -107,8 +117,9 @@ def main() -> None:
               "| --- | ---: | ---: | --- |")
         for path in paths:
             load = os.getloadavg()[0]
-            seconds, cells = run(path)
-            slow = ", ".join(f"{i}: {s:.1f}" for i, s in enumerate(cells) if s >= args.cells)
+            seconds, cells, error = run(path)
+            slow = ", ".join([f"{i}: {s:.1f}" for i, s in enumerate(cells) if s >= args.cells] +
+                             ([f"stopped at {error}"] if error else []))
             print(f"| {path.stem} | {seconds:.0f} | {load:.1f} | {slow} |", flush=True)
 
 

@@ -14,7 +14,6 @@ the chapter takes longer than BUDGET, naming its slowest cells.
 from __future__ import annotations
 
 import pytest
-from nbclient.exceptions import CellTimeoutError
 
 from benchmarks.chapter_runtimes import CHAPTERS, busy_machine, run
 
@@ -28,10 +27,8 @@ CHAPTERS_UNDER_LOAD = ("11_transformer", "12_real_language_model")
 def test_a_chapter_builds_beside_two_busy_programs(name):
     path = CHAPTERS / f"{name}.ipynb"
     with busy_machine(2):
-        try:
-            seconds, cells = run(path, timeout=BUDGET)
-        except CellTimeoutError as error:
-            pytest.fail(f"{path.name}: a cell ran past {BUDGET} s beside two busy torch programs: {error}")
+        seconds, cells, error = run(path, timeout=BUDGET)
+    assert error is None, f"{path.name} beside two busy torch programs (cells may take {BUDGET} s) stopped at {error}"
     slowest = sorted(range(len(cells)), key=cells.__getitem__, reverse=True)[:3]
     named = ", ".join(f"cell {i} {cells[i]:.0f} s" for i in slowest)
     assert seconds <= BUDGET, (f"{path.name} took {seconds:.0f} s beside two busy torch programs, over the "
