@@ -37,12 +37,15 @@ CHAPTERS = ROOT / "chapters"
 # Seconds a cell may run in the book build (_config.yml's execute.timeout)
 CELL_TIMEOUT = yaml.safe_load((ROOT / "_config.yml").read_text(encoding="utf-8"))["execute"]["timeout"]
 
-# One CPU-bound program on torch's default threads: a 1024 x 1024 product, again and again
-HOG = ("import torch\n"
+# One CPU-bound program on torch's default threads: a 1024 x 1024 product, again and again, until its
+# parent process is gone (so that a killed test or benchmark leaves no such program behind)
+HOG = ("import os\n"
+       "import torch\n"
+       "parent = os.getppid()\n"
        "a, b = torch.randn(1024, 1024), torch.randn(1024, 1024)\n"
        "a @ b\n"
        "print('busy', flush=True)\n"
-       "while True:\n"
+       "while os.getppid() == parent:\n"
        "    a @ b\n")
 
 
