@@ -1,46 +1,129 @@
-"""How long each chapter takes to run, for the course map on the landing page.
+"""How long each chapter takes to run, for the course map on the landing page, and which cells take it.
 
-    python -m benchmarks.chapter_runtimes            # every chapter
-    python -m benchmarks.chapter_runtimes 10 11      # only the chapters whose names start so
+    python -m benchmarks.chapter_runtimes                 # every chapter
+    python -m benchmarks.chapter_runtimes 10 11           # only the chapters whose names start so
+    python -m benchmarks.chapter_runtimes --busy 2 11     # with two matrix-multiplying torch processes beside it
+    python -m benchmarks.chapter_runtimes --cells 5 12    # also list every cell that took 5 s or more
 
 Executes the notebooks in chapters/ in a fresh kernel (as a reader's "Run all" would) and prints
 a Markdown table of wall-clock seconds, with the date and the machine's 1-minute load average before
-each chapter (other work on the machine stretches the times). Unlike the other benchmarks this is a
-bare time, on purpose: it tells a reader how long to wait, not how attnlib compares with a reference.
+each chapter (other work on the machine stretches the times), then the slowest cells. `--busy N`
+keeps N CPU-bound torch processes running the whole time (`busy_machine`), as on a reader's laptop
+where something else always runs: a cell made of many small multi-threaded operations then thrashes,
+and shows up here as a cell that takes many times its idle time. tests/test_busy_build.py uses the same
+load. Unlike the other benchmarks this is a bare time, on purpose: it tells a reader how long to
+wait, not how attnlib compares with a reference.
 """
 
 from __future__ import annotations
 
+import argparse
+import contextlib
 import datetime
 import os
+import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import nbformat
+import yaml
 from nbclient import NotebookClient
+from nbclient.exceptions import CellExecutionError, CellTimeoutError
 
-CHAPTERS = Path(__file__).resolve().parent.parent / "chapters"
+ROOT = Path(__file__).resolve().parent.parent
+CHAPTERS = ROOT / "chapters"
+# Seconds a cell may run in the book build (_config.yml's execute.timeout)
+CELL_TIMEOUT = yaml.safe_load((ROOT / "_config.yml").read_text(encoding="utf-8"))["execute"]["timeout"]
+
+# One CPU-bound program on torch's default threads: a 1024 x 1024 product, again and again, until its
+# parent process is gone (so that a killed test or benchmark leaves no such program behind)
+HOG = ("import os\n"
+       "import torch\n"
+       "parent = os.getppid()\n"
+       "a, b = torch.randn(1024, 1024), torch.randn(1024, 1024)\n"
+       "a @ b\n"
+       "print('busy', flush=True)\n"
+       "while os.getppid() == parent:\n"
+       "    a @ b\n")
 
 
-def run(path: Path) -> float:
-    """Seconds to execute one notebook from a fresh kernel, run from the chapters folder."""
+@contextlib.contextmanager
+def busy_machine(processes: int = 2) -> Iterator[list[subprocess.Popen]]:
+    """Keep `processes` torch programs multiplying 1024 x 1024 matrices (on torch's default threads)
+    running for the duration of the block; each has started multiplying when the block begins, and
+    each is killed when it ends, however it ends."""
+    hogs: list[subprocess.Popen] = []
+    try:
+        for _ in range(processes):
+            hogs.append(subprocess.Popen([sys.executable, "-c", HOG], stdout=subprocess.PIPE, text=True))
+        for hog in hogs:
+            if hog.stdout.readline().strip() != "busy":
+                raise RuntimeError(f"a busy-machine process exited with code {hog.wait()} before it started")
+        yield hogs
+    finally:
+        for hog in hogs:
+            hog.kill()
+            hog.wait()
+            hog.stdout.close()
+
+
+def cell_seconds(cell: nbformat.NotebookNode) -> float:
+    """Seconds one executed code cell took, from the timestamps nbclient records in its metadata."""
+    stamps = cell.metadata.get("execution", {})
+    start, end = stamps.get("iopub.execute_input"), stamps.get("shell.execute_reply")
+    if not (start and end):
+        return 0.0
+    parse = datetime.datetime.fromisoformat
+    return (parse(end.replace("Z", "+00:00")) - parse(start.replace("Z", "+00:00"))).total_seconds()
+
+
+def run(path: Path, timeout: int = CELL_TIMEOUT) -> tuple[float, list[float], str | None]:
+    """Execute one notebook from a fresh kernel, run from the chapters folder, as the book build does
+    (a cell that runs over `timeout` seconds fails). Returns the wall-clock seconds, the seconds of
+    each cell (0 for a Markdown cell or one not reached), indexed as the notebook's cells are, and
+    None, or what stopped the run (a timeout or an error, with the cell's index)."""
     nb = nbformat.read(path, as_version=4)
-    start = time.perf_counter()
-    NotebookClient(nb, timeout=600, resources={"metadata": {"path": str(path.parent)}}).execute()
-    return time.perf_counter() - start
+    for cell in nb.cells:
+        cell.metadata.pop("execution", None)  # the stored run's timestamps, not this one's
+    client = NotebookClient(nb, timeout=timeout, record_timing=True,
+                            resources={"metadata": {"path": str(path.parent)}})
+    start, error = time.perf_counter(), None
+    try:
+        client.execute()
+    except (CellExecutionError, CellTimeoutError) as failure:
+        reached = max((i for i, c in enumerate(nb.cells) if "execution" in c.metadata), default=0)
+        error = f"cell {reached}: {type(failure).__name__}: {str(failure).strip().splitlines()[0]}"
+    seconds = time.perf_counter() - start
+    return seconds, [cell_seconds(c) if c.cell_type == "code" else 0.0 for c in nb.cells], error
 
 
 def main() -> None:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.chapter_runtimes", description=__doc__.split("\n")[0])
+    parser.add_argument("prefixes", nargs="*", help="only the chapters whose names start with one of these")
+    parser.add_argument("--busy", type=int, default=0, metavar="N",
+                        help="keep N matrix-multiplying torch processes running beside the chapters")
+    parser.add_argument("--cells", type=float, default=10.0, metavar="SECONDS",
+                        help="list the cells that took at least this long (default 10)")
+    args = parser.parse_args()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-    prefixes = tuple(sys.argv[1:]) or ("",)
+    os.environ.setdefault("PYTHONHASHSEED", "0")
+    os.environ.pop("MPLBACKEND", None)
+    prefixes = tuple(args.prefixes) or ("",)
     paths = [p for p in sorted(CHAPTERS.glob("[0-9][0-9]_*.ipynb")) if p.stem.startswith(prefixes)]
-    print(f"{os.cpu_count()} CPU cores, {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC\n\n"
-          "| chapter | seconds | load before |\n| --- | ---: | ---: |")
-    for path in paths:
-        load = os.getloadavg()[0]
-        print(f"| {path.stem} | {run(path):.0f} | {load:.1f} |", flush=True)
+    with busy_machine(args.busy):
+        print(f"{os.cpu_count()} CPU cores, {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC, "
+              f"{args.busy} busy torch processes beside each chapter\n\n"
+              f"| chapter | seconds | load before | cells of {args.cells:g} s or more (index from 0: seconds) |\n"
+              "| --- | ---: | ---: | --- |")
+        for path in paths:
+            load = os.getloadavg()[0]
+            seconds, cells, error = run(path)
+            slow = ", ".join([f"{i}: {s:.1f}" for i, s in enumerate(cells) if s >= args.cells] +
+                             ([f"stopped at {error}"] if error else []))
+            print(f"| {path.stem} | {seconds:.0f} | {load:.1f} | {slow} |", flush=True)
 
 
 if __name__ == "__main__":
