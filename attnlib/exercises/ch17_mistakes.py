@@ -3,6 +3,8 @@ checker's inputs, and for the fused projection a reading of which heads' rows th
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 __all__ = ["merge_out_mistakes", "merge_lse_mistakes", "seq_to_heads_mistakes", "qkv_mistakes", "qkv_heads_held"]
@@ -51,6 +53,8 @@ def merge_lse_mistakes(l1, l2) -> dict[str, torch.Tensor]:
         "returned lse2 unchanged: the next ring step needs the lse of both blocks together": l2,
         "read the lse as base 2: m + log2(2^(lse1 - m) + 2^(lse2 - m)); the lse here is a natural log":
             m + torch.log2(torch.exp2(l1 - m) + torch.exp2(l2 - m)),
+        "the lse returned in base 2 (lse · log2(e)): the next step reads a natural-log lse; convert back with "
+        "· ln(2)": torch.logaddexp(l1, l2) / math.log(2),
         "lse1 - logsigmoid(lse1 - lse2) (ring-flash-attn's update) gives -inf - (-inf) = NaN where lse1 is -inf "
         "(a query that sees no key of block 1); torch.logaddexp handles -inf":
             l1 - torch.nn.functional.logsigmoid(l1 - l2),
