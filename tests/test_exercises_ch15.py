@@ -80,6 +80,15 @@ def _variant(**change):
     (lambda S, z, q, k, v: step_book(S, z, q, k, v)[0], ["should return (out, S, z)"]),
     (lambda S, z, q, k, v: (S.add_(1), z, q), ["changed S in place"]),
     (lambda S, z, q, k, v: 1 / 0, ["raised ZeroDivisionError"]),
+    (_variant(phi=F.elu), ["elu(x) without the + 1"]),                  # held-out answers (issue 36)
+    (_variant(phi=lambda x: F.relu(x) + 1), ["relu(x) + 1"]),
+    (lambda S, z, q, k, v: (step_book(S, z, q, k, v)[0] * (phi(q) * (z + phi(k))).sum(-1, keepdim=True)
+                            / (phi(k) * (z + phi(k))).sum(-1, keepdim=True), *step_book(S, z, q, k, v)[1:]),
+     ["normaliser φ(k) · z_new"]),
+    (lambda S, z, q, k, v: (step_book(S, z, q, k, v)[0] * (phi(q) * (z + phi(k))).sum(-1, keepdim=True)
+                            / (z + phi(k)).sum(-1, keepdim=True), *step_book(S, z, q, k, v)[1:]),
+     ["normaliser Σ z_new"]),
+    (lambda S, z, q, k, v: (lambda o, S, z: (S, z, o))(*step_book(S, z, q, k, v)), ["S_new as item 0"]),
 ])
 def test_linear_step_names_the_mistake(buggy, phrases):
     assert_names(check_linear_attention_step(buggy), *phrases)
@@ -128,6 +137,11 @@ def plus_prediction(S, k, v, beta, alpha):                     # a sign slip: v 
     return S + k[..., :, None] * (beta[..., None] * (v + (k[..., None, :] @ S).squeeze(-2)))[..., None, :]
 
 
+def beta_on_v_only(S, k, v, beta, alpha):                      # k̂ (β v - α Sᵀ k̂)ᵀ
+    k, S = F.normalize(k, dim=-1), alpha[..., None, None] * S
+    return S + k[..., :, None] * (beta[..., None] * v - (k[..., None, :] @ S).squeeze(-2))[..., None, :]
+
+
 def _delta(norm=True, decay="before", predict="decayed", use_beta=True, subtract=True, gate=lambda a: a):
     def update(S, k, v, beta, alpha):
         k = k / k.norm(dim=-1, keepdim=True) if norm else k
@@ -157,6 +171,12 @@ def _delta(norm=True, decay="before", predict="decayed", use_beta=True, subtract
     (lambda S, k, v, beta, alpha: delta_book(S, k, v, beta, alpha)[0], ["has shape (3, 5, 4)"]),
     (lambda S, k, v, beta, alpha: delta_book(S, k, v, beta, alpha) + 1e-3, ["none of the usual mistakes"]),
     (lambda S, k, v, beta, alpha: S.copy_(delta_book(S, k, v, beta, alpha)), ["changed S in place"]),
+    (lambda S, k, v, beta, alpha: _delta(norm=False)(S, k / (k * k).sum(-1, keepdim=True), v, beta, alpha),
+     ["‖k‖² instead of ‖k‖"]),                                       # held-out answers (issue 36)
+    (lambda S, k, v, beta, alpha: _delta(norm=False)(S, F.normalize(k, dim=1), v, beta, alpha), ["heads axis"]),
+    (lambda S, k, v, beta, alpha: 2 * alpha[..., None, None] * S - delta_book(S, k, v, beta, alpha),
+     ["correction subtracted"]),
+    (lambda S, k, v, beta, alpha: beta_on_v_only(S, k, v, beta, alpha), ["β on v only"]),
 ])
 def test_delta_rule_names_the_mistake(buggy, phrases):
     assert_names(check_delta_rule_update(buggy), *phrases)
@@ -230,7 +250,7 @@ def threshold(scores, k, strict=False):                          # keeps (or dro
     (lambda s, k: _top(s, k, tril(s.shape[-1], -1)), ["diagonal masked"]),
     (lambda s, k: _top(s, k, None), ["no causal mask"]),
     (lambda s, k: _top(s, k, None) & tril(s.shape[-1]), ["masked afterwards"]),
-    (lambda s, k: _top(s, k, tril(s.shape[-1]), fill=0.0, and_mask=False), ["filled with 0, not -inf"]),
+    (lambda s, k: _top(s, k, tril(s.shape[-1]), fill=0.0, and_mask=False), ["filled with 0 (or another finite number), not -inf"]),
     (lambda s, k: _top(s, k, tril(s.shape[-1]), and_mask=False), ["fewer than k visible keys keep hidden ones"]),
     (lambda s, k: _top(s, k, tril(s.shape[-1]), largest=False), ["lowest"]),
     (lambda s, k: ~select_book(s, k), ["inverted"]),
@@ -242,6 +262,7 @@ def threshold(scores, k, strict=False):                          # keeps (or dro
     (lambda s, k: s.masked_fill(~tril(s.shape[-1]), -torch.inf).topk(min(k, s.shape[-1]), -1).indices,
      ["returned indices"]),
     (lambda s, k: select_book(s, k).float(), ["float mask of 0s and 1s"]),
+    (lambda s, k: _top(s, k, tril(s.shape[-1]), fill=-1e4), ["such as -1e4"]),   # beaten by scores of 1e10
 ])
 def test_topk_names_the_mistake(buggy, phrases):
     assert_names(check_topk_selection(buggy), *phrases)

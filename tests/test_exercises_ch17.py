@@ -139,3 +139,102 @@ def test_qkv_shard_stub_and_in_place():
         w.zero_()
         return out
     assert_names(check_qkv_shard(in_place), "in place")
+
+
+# --- held-out answers (issue 36's standard): other libraries' styles pass, each subtle mistake is named -----
+
+def _merge_shifted(o1, l1, o2, l2, m, exp=torch.exp, divide=True, log=torch.log):
+    a, b = exp(l1 - m)[..., None], exp(l2 - m)[..., None]
+    out = o1 * a + o2 * b
+    return (out / (a + b) if divide else out), m + log((a + b).squeeze(-1))
+
+
+def _merge_base2(o1, l1, o2, l2):
+    """flash-attention's base-2 form, with the natural-log lse converted in and out."""
+    out, lse2 = _merge_shifted(o1, l1 * LOG2E, o2, l2 * LOG2E, torch.maximum(l1, l2) * LOG2E, torch.exp2,
+                               log=torch.log2)
+    return out, lse2 / LOG2E
+
+
+LOG2E = 1.4426950408889634
+
+
+def test_ring_merge_held_out_styles_pass():
+    stacked = lambda o1, l1, o2, l2: (  # noqa: E731
+        torch.softmax(torch.stack([l1, l2]), 0)[0][..., None] * o1
+        + torch.softmax(torch.stack([l1, l2]), 0)[1][..., None] * o2, torch.logsumexp(torch.stack([l1, l2]), 0))
+    for fn in (lambda o1, l1, o2, l2: _merge_shifted(o1, l1, o2, l2, torch.maximum(l1, l2)), _merge_base2, stacked,
+               lambda o1, l1, o2, l2: merge(o1, l1.nan_to_num(), o2, l2.nan_to_num())):
+        assert check_ring_merge(fn).passed
+
+
+def test_ring_merge_held_out_mistakes_named():
+    mx = torch.maximum
+    assert_names(check_ring_merge(lambda o1, l1, o2, l2: _merge_shifted(o1, l1, o2, l2, mx(l1, l2), divide=False)),
+                 "without dividing by their sum")
+    assert_names(check_ring_merge(lambda o1, l1, o2, l2: _merge_shifted(o1, l1, o2, l2, mx(l1, l2), torch.exp2,
+                                                                        log=torch.log2)), "base 2")
+    assert_names(check_ring_merge(lambda o1, l1, o2, l2: _merge_shifted(o1, l1, o2, l2, torch.minimum(l1, l2))),
+                 "smaller lse")
+    ring_flash = lambda o1, l1, o2, l2: (o1 - torch.sigmoid(l2 - l1)[..., None] * (o1 - o2),  # noqa: E731
+                                         l1 - torch.nn.functional.logsigmoid(l1 - l2))
+    assert_names(check_ring_merge(ring_flash), "logsigmoid")
+    assert_names(check_ring_merge(lambda o1, l1, o2, l2: (merge(o1, l1, o2, l2)[0], l1)), "lse1 unchanged")
+
+
+def test_seq_to_heads_held_out_mistakes_named():
+    def a2a(join):
+        return lambda blocks: [join(blocks, g, len(blocks)) for g in range(len(blocks))]
+    cases = {
+        "positions interleaved": lambda bl: list(torch.stack(bl, dim=3).flatten(2, 3).chunk(len(bl), dim=1)),
+        "permute, then reshape": lambda bl: list(torch.stack(bl).reshape(
+            len(bl), bl[0].shape[0], bl[0].shape[1] // len(bl), -1, bl[0].shape[-1]).unbind(0)),
+        "same head group": a2a(lambda bl, g, W: torch.cat([b.chunk(W, dim=1)[0] for b in bl], dim=2)),
+        "its own block": a2a(lambda bl, g, W: torch.cat(bl[g].chunk(W, dim=1), dim=2)),
+        "along the heads": a2a(lambda bl, g, W: torch.cat([b.chunk(W, dim=1)[g] for b in bl], dim=1)),
+        "reverse order": a2a(lambda bl, g, W: torch.cat([b.chunk(W, dim=1)[W - 1 - g] for b in bl], dim=2)),
+        "without a transpose": lambda bl: list(torch.cat(bl, dim=2).transpose(1, 2).reshape(
+            torch.cat(bl, dim=2).shape).chunk(len(bl), dim=1)),
+    }
+    for name, fn in cases.items():
+        assert_names(check_seq_to_heads(fn), name)
+
+
+def test_qkv_shard_held_out():
+    def vllm(weight, num_heads, num_kv_heads, rank, world_size):
+        Dh = weight.shape[0] // (num_heads + 2 * num_kv_heads)
+        q, k, v = weight.split([num_heads * Dh, num_kv_heads * Dh, num_kv_heads * Dh])
+        n, j = ((num_kv_heads // world_size, rank) if num_kv_heads >= world_size
+                else (1, rank // (world_size // num_kv_heads)))
+        h = num_heads // world_size
+        return torch.cat([q.narrow(0, rank * h * Dh, h * Dh), k.narrow(0, j * n * Dh, n * Dh),
+                          v.narrow(0, j * n * Dh, n * Dh)])
+    assert check_qkv_shard(vllm).passed
+
+    def kv_by_rank(weight, H, H_kv, rank, W):  # right when W divides H_kv; rank 1 of (8, 2, 4) is wrong
+        Dh = weight.shape[0] // (H + 2 * H_kv)
+        q, k, v = weight.split([H * Dh, H_kv * Dh, H_kv * Dh])
+        n = max(1, H_kv // W)
+        j = rank * n if H_kv >= W else min(rank, H_kv - 1)
+        return torch.cat([q[rank * H // W * Dh:(rank + 1) * H // W * Dh], k[j * Dh:(j + n) * Dh], v[j * Dh:(j + n) * Dh]])
+    assert_names(check_qkv_shard(kv_by_rank), "rank number")
+    kv_swapped = lambda w, H, H_kv, r, W: torch.cat(  # noqa: E731
+        [qkv_shard(w, H, H_kv, r, W)[:H // W * (w.shape[0] // (H + 2 * H_kv))]]
+        + list(qkv_shard(w, H, H_kv, r, W)[H // W * (w.shape[0] // (H + 2 * H_kv)):].chunk(2))[::-1])
+    assert_names(check_qkv_shard(kv_swapped), "value rows before the key rows")
+    assert_names(check_qkv_shard(lambda w, H, H_kv, r, W: w.tensor_split(W, dim=1)[r]), "columns")
+
+    def strided_q(w, H, H_kv, r, W):
+        Dh = w.shape[0] // (H + 2 * H_kv)
+        mine = qkv_shard(w, H, H_kv, r, W)
+        q = torch.cat([w[i * Dh:(i + 1) * Dh] for i in range(r, H, W)])
+        return torch.cat([q, mine[H // W * Dh:]])
+    assert_names(check_qkv_shard(strided_q), "holds the rows of heads")
+
+
+def test_held_out_layouts_pass_and_base2_lse_named():
+    assert check_seq_to_heads(lambda bl: torch.stack(torch.cat(bl, 2).chunk(len(bl), 1))).passed  # stacked
+    assert check_seq_to_heads(lambda bl: [c.numpy() for c in torch.cat(bl, 2).chunk(len(bl), 1)]).passed
+    assert check_qkv_shard(lambda *a: qkv_shard(*a).numpy()).passed
+    assert_names(check_ring_merge(lambda o1, l1, o2, l2: (merge(o1, l1, o2, l2)[0], merge(o1, l1, o2, l2)[1] * LOG2E)),
+                 "returned in base 2")

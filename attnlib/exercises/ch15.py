@@ -37,6 +37,10 @@ def _shaped(got: torch.Tensor, what: str, shape: tuple[int, ...], transposed: to
 def _unpack_linear(result: object, what: str) -> tuple[object, object, object]:
     """(out, S, z) from (out, S, z), (out, (S, z)) or (out, a LinearAttentionState / anything with .S and .z)."""
     if isinstance(result, (tuple, list)) and len(result) == 3:
+        dims = [getattr(x, "ndim", 0) for x in result]
+        if dims[1] != 4 and 4 in dims:
+            raise CandidateError(f"{what} returned the state S_new as item {dims.index(4)}, not 1: return (out, "
+                                 f"S_new, z_new), in that order")
         return tuple(result)
     if isinstance(result, (tuple, list)) and len(result) == 2:
         out, state = result
@@ -82,6 +86,10 @@ def check_linear_attention_step(fn: Callable) -> str:
             "the state not carried over: S_new = φ(k) vᵀ forgets every earlier token": _step(S * 0, z, q, k, v)[1],
             "φ applied to v as well: values are stored as they are": S + elu_feature_map(k)[..., :, None]
             * elu_feature_map(v)[..., None, :],
+            "φ = elu(x) without the + 1: elu is negative below 0, and φ must be positive (elu(x) + 1)":
+                _step(S, z, q, k, v, torch.nn.functional.elu)[1],
+            "φ = relu(x) + 1: the feature map here is elu(x) + 1 (exp(x) below 0, not 1)":
+                _step(S, z, q, k, v, lambda x: torch.relu(x) + 1)[1],
         })
         z_got = as_tensor(_tensor(z_got, f"{what}: z_new"), f"{what}: z_new", shape=want_z.shape)
         expect_close(z_got, want_z, f"{what}: z_new", atol=1e-4, mistakes={
@@ -99,6 +107,10 @@ def check_linear_attention_step(fn: Callable) -> str:
                 _step(S, z, k, k, v, normalise=False)[0] / (elu_feature_map(q) * want_z).sum(-1, keepdim=True),
             "the raw query and key (no feature map)": _step(S, z, q, k, v, lambda x: x)[0],
             "φ = exp (softmax's kernel) instead of elu + 1": _step(S, z, q, k, v, torch.exp)[0],
+            "the normaliser φ(k) · z_new: the query reads, so divide by φ(q) · z_new": _step(
+                S, z, q, k, v, normalise=False)[0] / (elu_feature_map(k) * want_z).sum(-1, keepdim=True),
+            "the normaliser Σ z_new, without φ(q): divide by the dot product φ(q) · z_new": _step(
+                S, z, q, k, v, normalise=False)[0] / want_z.sum(-1, keepdim=True),
         })
         S, z = want_S, want_z
     return ("φ(k) vᵀ added to S, φ(k) to z, and φ(q)ᵀ S_new / φ(q)·z_new read out, for 4 steps: a (Dk × Dv) "
@@ -150,6 +162,17 @@ def check_delta_rule_update(fn: Callable) -> str:
             "the prediction added, not subtracted (v + α Sᵀ k̂): the write is the error v - α Sᵀ k̂":
                 _delta(-S, k, v, beta, alpha) + 2 * alpha[..., None, None] * S,
             "v normalised too: only the key is L2-normalised": _delta(S, k, l2_normalize(v), beta, alpha),
+            "k divided by ‖k‖² instead of ‖k‖: k̂ = k / ‖k‖ has unit length":
+                _delta(S, k / (k * k).sum(-1, keepdim=True), v, beta, alpha, norm=False),
+            "k normalised along the heads axis (dim=1), not along its features (dim=-1)":
+                _delta(S, k / k.norm(dim=1, keepdim=True), v, beta, alpha, norm=False),
+            "k normalised along the batch axis (dim=0), not along its features (dim=-1)":
+                _delta(S, k / k.norm(dim=0, keepdim=True), v, beta, alpha, norm=False),
+            "the correction subtracted (α S - k̂ δᵀ): the write adds k̂ δᵀ, δ = β (v - α Sᵀ k̂)":
+                2 * alpha[..., None, None] * S - want,
+            "β on v only (k̂ (β v - α Sᵀ k̂)ᵀ): β scales the whole error, β (v - α Sᵀ k̂)":
+                want - l2_normalize(k)[..., :, None] * ((1 - beta[..., None]) * (alpha[..., None] * (
+                    l2_normalize(k)[..., None, :] @ S).squeeze(-2)))[..., None, :],
         }
         expect_close(got, want, what, atol=1e-6, mistakes=mistakes)
         S = want

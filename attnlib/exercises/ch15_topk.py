@@ -95,10 +95,12 @@ def _mistakes(scores: torch.Tensor, k: int) -> dict[str, torch.Tensor]:
         "no causal mask: keys after the query are kept": _top(scores, k, None),
         "the top k over all keys, masked afterwards: take the top k among the visible keys (mask with -inf first)":
             _top(scores, k, None) & causal,
-        "the masked keys filled with 0, not -inf: a negative visible score loses to a hidden 0":
+        "the masked keys filled with 0 (or another finite number), not -inf: a visible score below it loses to a "
+        "hidden key":
             _top(scores, k, causal, fill=0.0, and_mask=False),
-        "the hidden keys filled with 0 and the result ANDed with the causal mask: fewer than k visible keys "
-        "kept where scores are negative; fill with -inf": _top(scores, k, causal, fill=0.0),
+        "the hidden keys filled with 0 (or another finite number, such as -1e4) and the result ANDed with the "
+        "causal mask: fewer than k visible keys kept where visible scores are below the fill; fill with -inf":
+            _top(scores, k, causal, fill=0.0),
         "rows with fewer than k visible keys keep hidden ones: torch.topk returns k indices even when only "
         "i + 1 keys are visible; AND the result with the causal mask": _top(scores, k, causal, and_mask=False),
         "the k lowest scores, not the highest": _top(scores, k, causal, largest=False),
@@ -119,7 +121,8 @@ def check_topk_selection(fn: Callable[[torch.Tensor, int], torch.Tensor]) -> str
              (torch.randn(7, 7, generator=gen), 4, "scores of shape (7, 7) without ties"),
              (torch.randn(2, 5, 5, generator=gen), 8, "scores of shape (2, 5, 5) with k = 8 > T"),
              (torch.relu(torch.randn(2, 10, 10, generator=gen)).round(decimals=1), 3,
-              "scores of shape (2, 10, 10) with ties (ReLU's zeros, as the indexer makes)")]
+              "scores of shape (2, 10, 10) with ties (ReLU's zeros, as the indexer makes)"),
+             (1e10 * torch.randn(2, 8, 8, generator=gen), 3, "scores of shape (2, 8, 8) as large as 1e10")]
     for scores, k, about in cases:
         what = f"select(scores, k={k}) on {about}"
         got = _as_mask(run(fn, scores.clone(), k, what=what), what, tuple(scores.shape), k)
@@ -127,6 +130,9 @@ def check_topk_selection(fn: Callable[[torch.Tensor, int], torch.Tensor]) -> str
         if not wrong:
             continue
         found = [name for name, m in _mistakes(scores, k).items() if torch.equal(got, m)]
+        if not found and "keeps" in wrong and scores.abs().max() > 1e9:
+            wrong += (" (are the hidden keys filled with a finite number such as -1e4 or -1e9? a visible score below "
+                      "it then loses to a hidden key: fill with -inf)")
         raise CandidateError(f"{what} is wrong: " + (f"it matches {found[0]}" if found else wrong))
     return ("each query keeps exactly min(k, i + 1) of the keys j <= i, none scoring below a visible key left "
             "out; any choice among keys tied at the k-th place is accepted")

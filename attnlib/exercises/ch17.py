@@ -6,9 +6,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 
+import numpy as np
 import torch
 
 from attnlib.exercises._core import CandidateError, as_tensor, checker, expect_close, matching, run
+from attnlib.exercises.ch17_mistakes import (merge_lse_mistakes, merge_out_mistakes, qkv_heads_held, qkv_mistakes,
+                                            seq_to_heads_mistakes)
 from attnlib.parallel.tensor_parallel import qkv_rows
 from attnlib.tiles import merge_partials
 
@@ -64,23 +67,8 @@ def check_ring_merge(fn: Callable[..., tuple[torch.Tensor, torch.Tensor]]) -> st
         raise CandidateError(f"{what} should return (out, lse), two tensors: the next ring step needs the lse too")
     out, lse = _ring_merge(o1, l1, o2, l2)
     with torch.no_grad():
-        weights = (torch.exp(l1)[..., None], torch.exp(l2)[..., None])
-        _expect(got[0], out, f"{what}'s out", {
-            "averaged the two outputs: (out1 + out2) / 2 ignores how much of the softmax each block holds":
-                (o1 + o2) / 2,
-            "weighted by exp(lse) without dividing by exp(lse1) + exp(lse2) (and exp overflows): use "
-            "exp(lse1 - lse) and exp(lse2 - lse)": o1 * weights[0] + o2 * weights[1],
-            "you swapped the weights: out1 must take exp(lse1 - lse) and out2 exp(lse2 - lse)":
-                o1 * torch.exp(l2 - lse)[..., None] + o2 * torch.exp(l1 - lse)[..., None],
-            "computed exp(lse1) + exp(lse2) directly: it overflows for large scores (inf / inf = NaN); "
-            "subtract the max first (torch.logaddexp does)": (o1 * weights[0] + o2 * weights[1]) / (weights[0] + weights[1]),
-        })
-        _expect(got[1], lse, f"{what}'s lse", {
-            "lse = max(lse1, lse2): the merged log-sum-exp is log(exp(lse1) + exp(lse2))": torch.maximum(l1, l2),
-            "lse = lse1 + lse2: that is the log of a product, not of a sum": l1 + l2,
-            "lse = log(exp(lse1) + exp(lse2)) computed directly: it overflows for large scores; "
-            "use torch.logaddexp": torch.log(torch.exp(l1) + torch.exp(l2)),
-        })
+        _expect(got[0], out, f"{what}'s out", merge_out_mistakes(o1, l1, o2, l2, lse))
+        _expect(got[1], lse, f"{what}'s lse", merge_lse_mistakes(l1, l2))
     return "rows where either block dominates by e^800, and rows with no key in one block"
 
 
@@ -100,25 +88,18 @@ def check_seq_to_heads(fn: Callable[[list], list]) -> str:
         blocks = list(full.chunk(W, dim=2))
         what = f"seq_to_heads(blocks) for {W} ranks, H={H}"
         got = run(fn, [b.clone() for b in blocks], what=what)
+        if isinstance(got, (torch.Tensor, np.ndarray)) and got.ndim == 5 and len(got) == W:
+            got = list(torch.as_tensor(got).unbind(0))  # the W results stacked in one tensor: the same data
         if not isinstance(got, (list, tuple)) or len(got) != W:
             raise CandidateError(f"{what} should return a list of {W} tensors, one per rank, got "
                                  f"{type(got).__name__}" + (f" of length {len(got)}" if isinstance(got, (list, tuple)) else ""))
-        got = [as_tensor(x, f"{what}[{g}]") for g, x in enumerate(got)]
+        got = [as_tensor(torch.as_tensor(x) if isinstance(x, np.ndarray) else x, f"{what}[{g}]")
+               for g, x in enumerate(got)]
         if len({x.shape for x in got}) > 1:
             raise CandidateError(f"{what} returned tensors of shapes {[tuple(x.shape) for x in got]}: every rank "
                                  f"should hold (B, H/W, T, Dh) = {(B, H // W, T, Dh)}")
-        got, h = torch.stack(got), H // W  # (W, B, H/W, T, Dh)
-        _expect(got, _after_all_to_all(full, W), what, {
-            "heads dealt round-robin (rank g got heads g, g + W, ...): Ulysses gives each rank a contiguous "
-            "group of H/W heads": torch.stack([full[:, g::W] for g in range(W)]),
-            "the sequence blocks joined in the wrong order: rank r's block is positions r·T/W ..":
-                _after_all_to_all(torch.cat(blocks[::-1], dim=2), W),
-            "reshaped the stacked blocks without moving the rank axis next to time: (W, B, H, T/W, Dh) "
-            "read as (B, H, T, Dh) mixes positions of different ranks":
-                _after_all_to_all(torch.stack(blocks).reshape(B, H, T, Dh), W),
-            "kept the sequence split: rank g holds its heads for all T positions, not only its own T/W":
-                torch.stack([blocks[g][:, g * h:(g + 1) * h] for g in range(W)]),
-        })
+        got = torch.stack(got)  # (W, B, H/W, T, Dh)
+        _expect(got, _after_all_to_all(full, W), what, seq_to_heads_mistakes(full, blocks))
     return "2 and 4 ranks, with one head per rank and several"
 
 
@@ -132,29 +113,33 @@ def _round_robin(q, k, v, H: int, H_kv: int, rank: int, W: int, Dh: int) -> torc
     return torch.cat([rows(q, heads), rows(k, kv), rows(v, kv)])
 
 
+def _which_heads(got: object, want: torch.Tensor, w: torch.Tensor, H: int, H_kv: int, rank: int, W: int,
+                 Dh: int, what: str) -> None:
+    """A CandidateError naming which heads' rows a wrong answer holds, when each block of Dh rows is some head's."""
+    got = as_tensor(got, what)
+    held, right = qkv_heads_held(got, w, H, H_kv, Dh), qkv_heads_held(want, w, H, H_kv, Dh)
+    if held and held != right:
+        raise CandidateError(f"{what} holds the rows of heads {held} (in that order), expected {right}: rank "
+                             f"{rank} owns query heads {rank}·H/W .. {rank + 1}·H/W - 1, then the key heads and the "
+                             f"value heads they use (query head i uses kv head i // (H / H_kv))")
+
+
 @checker("a rank's rows of a fused GQA projection")
 def check_qkv_shard(fn: Callable[..., torch.Tensor]) -> str:
     """fn(weight, num_heads, num_kv_heads, rank, world_size) returns the rows of the fused [W_q; W_k; W_v]
     weight ((H + 2 H_kv)·Dh, D) that rank keeps under tensor parallelism, [its q rows; its k rows; its v rows]."""
     Dh, D = 2, 5
-    for H, H_kv, W, rank in ((4, 4, 2, 1), (8, 4, 4, 0), (8, 4, 2, 1), (8, 4, 4, 3), (8, 2, 4, 2), (4, 1, 2, 1)):
+    configs = ((4, 4, 2), (8, 4, 4), (8, 4, 2), (8, 2, 4), (4, 1, 2), (8, 1, 4), (8, 8, 4))
+    for H, H_kv, W, rank in ((H, H_kv, W, r) for H, H_kv, W in configs for r in range(W)):
         w = torch.randn((H + 2 * H_kv) * Dh, D, dtype=torch.float64)
         what = f"qkv_shard(weight, num_heads={H}, num_kv_heads={H_kv}, rank={rank}, world_size={W})"
         got = run(fn, w.clone(), H, H_kv, rank, W, what=what)
-        q, k, v = w.split([H * Dh, H_kv * Dh, H_kv * Dh])
-        a, b = rank * H // W * Dh, (rank + 1) * H // W * Dh
-        ka, kb = rank * H_kv // W * Dh, (rank + 1) * H_kv // W * Dh
-        _expect(got, qkv_rows(w, H, H_kv, rank, W), what, {
-            "cut the fused matrix into world_size equal row blocks: that mixes q, k and v rows; cut each "
-            "of W_q, W_k, W_v by heads": w.chunk(W)[rank],
-            "gave the rank every key/value head: it needs only those its query heads use (GQA: query "
-            "head i uses kv head i // (H / H_kv))": torch.cat([q[a:b], k, v]),
-            "no key/value rows for this rank (only its query rows): each rank needs the kv heads its query heads "
-            "use; when there are fewer kv heads than ranks, rank·H_kv/W .. (rank+1)·H_kv/W is empty for some ranks, "
-            "so copy each kv head to the W/H_kv ranks that use it": torch.cat([q[a:b], k[ka:kb], v[ka:kb]]),
-            "cut the key/value heads by the query heads' range: with GQA there are fewer kv heads": torch.cat(
-                [q[a:b], k[a:b], v[a:b]]),
-            "heads dealt round-robin (rank r got heads r, r + W, ...): this chapter gives each rank a contiguous "
-            "group of query heads": _round_robin(q, k, v, H, H_kv, rank, W, Dh),
-        })
+        got = torch.as_tensor(got) if isinstance(got, np.ndarray) else got  # a numpy answer is as good
+        want, q, k, v = qkv_rows(w, H, H_kv, rank, W), *w.split([H * Dh, H_kv * Dh, H_kv * Dh])
+        mistakes = qkv_mistakes(w, H, H_kv, rank, W, Dh)
+        mistakes[("heads dealt round-robin (rank r got heads r, r + W, ...): this chapter gives each rank a "
+                  "contiguous group of query heads")] = _round_robin(q, k, v, H, H_kv, rank, W, Dh)
+        if not matching(as_tensor(got, what), {"": want}) and not matching(as_tensor(got, what), mistakes):
+            _which_heads(got, want, w, H, H_kv, rank, W, Dh, what)
+        _expect(got, want, what, mistakes)
     return "MHA, GQA split among 2 and 4 ranks, kv heads copied when fewer than ranks, and MQA"
