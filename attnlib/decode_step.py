@@ -13,7 +13,8 @@ PACK_MODEL_MIN parameters or more, each float32 matrix of PACK_MIN elements or m
 multiplied by oneDNN's kernel for a weight prepacked in oneDNN's own blocked layout, which reads it
 with every thread; whether that beats torch.mm depends on the CPU (on the hosts this book was run
 on, it read SmolLM2's output layer from no faster to about 2x faster; benchmarks/bench_kernels.py
-times the layouts and kernels on yours). A call costs ~10 us more than torch.mm's.
+times the layouts and kernels on yours). A call cost ~10 us more than torch.mm's on the machine it was
+timed on.
 The copy is packed without a batch size (told one row, oneDNN keeps the plain (out, in) layout, which
 read SmolLM2's matrices more slowly where it was timed). It is made the first time it is needed, in
 generate during the prefill (packed_linears) or when a DecodeStep is built, reused while the weight

@@ -10,8 +10,10 @@ KV cache (bytes that grow with B x context), so it produces at most
     tokens/s <= B x read bandwidth / (bytes of the weights + bytes of the B caches)
 
 tokens per second. At batch 1 and a short context the weights dominate; at long context and large B
-the caches do, and then batching no longer raises the bound. read_bandwidth estimates the bandwidth
-on this machine, weight_bytes counts the weights' bytes, attnlib.caches.cache_bytes a cache's.
+the caches do, and then batching raises the bound less and less, never above bandwidth / bytes of one
+cache. read_bandwidth estimates the bandwidth on this machine, weight_bytes counts the weights' bytes,
+step_bytes those a step reads (an untied embedding table left out: a step looks up one row of it),
+attnlib.caches.cache_bytes a cache's.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ import torch
 
 from attnlib._checks import require_count
 
-__all__ = ["read_bandwidth", "weight_bytes", "streaming_limit"]
+__all__ = ["read_bandwidth", "weight_bytes", "step_bytes", "streaming_limit"]
 
 
 def read_bandwidth(nbytes: int = 2**30, repeats: int = 5, seconds: float = 0.0) -> float:
@@ -59,10 +61,21 @@ def weight_bytes(model: torch.nn.Module) -> int:
     return sum(p.numel() * p.element_size() for p in model.parameters())  # parameters() lists a tied one once
 
 
+def step_bytes(model: torch.nn.Module) -> int:
+    """Bytes of the weights a cached decoding step reads: weight_bytes(model) less every embedding table
+    that no nn.Linear multiplies by (an untied one: a step looks up one row of it per sequence, which this
+    leaves out). With a tied output layer, all of weight_bytes(model)."""
+    multiplied = {id(m.weight) for m in model.modules() if isinstance(m, torch.nn.Linear)}
+    looked_up = {id(m.weight): m.weight for m in model.modules()
+                 if isinstance(m, torch.nn.Embedding) and id(m.weight) not in multiplied}
+    return weight_bytes(model) - sum(w.numel() * w.element_size() for w in looked_up.values())
+
+
 def streaming_limit(model: torch.nn.Module, bandwidth: float, *, batch: int = 1, cache_bytes: int = 0) -> float:
     """The most tokens per second a decoding step can reach, by this estimate: batch x bandwidth /
-    (weight_bytes(model) + cache_bytes), for a step that multiplies by every weight (a tied output layer
-    does) and reads `cache_bytes`, the KV caches of all `batch` sequences (0: the weights alone)."""
+    (step_bytes(model) + cache_bytes), for a step that reads every weight it multiplies by (all of them
+    but an untied embedding table) and `cache_bytes`, the KV caches of all `batch` sequences (0: the
+    weights alone)."""
     require_count(batch, "batch", 1, "sequences in the step")
     require_count(cache_bytes, "cache_bytes", 0, "bytes of the batch's KV caches")
-    return batch * bandwidth / (weight_bytes(model) + cache_bytes)
+    return batch * bandwidth / (step_bytes(model) + cache_bytes)

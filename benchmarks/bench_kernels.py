@@ -23,7 +23,7 @@ from collections.abc import Callable
 
 import torch
 
-from attnlib.decode_step import _product
+from attnlib.decode_step import _packed, _product
 from attnlib.timing import best_time, one_thread
 
 
@@ -33,11 +33,13 @@ def ways(linears: list[torch.nn.Linear]) -> dict[str, Callable[[torch.Tensor], l
     column_major = [m.weight.detach().t().contiguous().t() for m in linears]     # (out, in) view of W^T
     one_row = [torch.ops.mkldnn._reorder_linear_weight(w, 1) for w in row_major]
     packed = [_product(m, True) for m in linears]
+    label = ("oneDNN, packed (DecodeStep's)" if all(_packed(m.weight) is not None for m in linears)
+             else "DecodeStep's (not packed: torch.mm)")                  # _product falls back without oneDNN
     return {"BLAS, W row-major (nn.Linear)": lambda x: [torch.mm(x, w.t()) for w in row_major],
             "BLAS, W column-major (LlamaDecoder)": lambda x: [torch.mm(x, w.t()) for w in column_major],
             "oneDNN, packed told one row": lambda x: [torch.ops.mkldnn._linear_pointwise(x, p, None, "none", [], "")
                                                       for p in one_row],
-            "oneDNN, packed (DecodeStep's)": lambda x: [f(x) for f in packed]}
+            label: lambda x: [f(x) for f in packed]}
 
 
 def main() -> None:

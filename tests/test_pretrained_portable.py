@@ -3,8 +3,9 @@ sampled answers was a near-tie that float32 rounding (another order of additions
 could tip. The rounding r is measured against the same model in float64; a greedy step is safe if its top
 two logits are more than 10 r apart, a draw if it lies more than 5 times 2r/tau from the edges of its token's
 interval of cumulative probability (a logit moving by r moves a probability pi by about 2 r pi / tau at
-most), and a draw whose top-k or top-p cut lies within that distance must pick the same token with the
-cut one token wider or narrower. The prompt and settings are chapter 12's (sections 12.3 and its samples)."""
+most), and a draw must pick the same token if its top-p cut lies within that distance and another CPU keeps
+one token fewer or more, or if its top-k cut does and another CPU keeps the (k+1)-th most likely token
+instead of the k-th. The prompt and settings are chapter 12's (sections 12.3 and its samples)."""
 
 import copy
 
@@ -78,9 +79,16 @@ def test_every_draw_is_far_from_the_edges_of_its_interval(chat):
         before = full.cumsum(dim=-1) - full                              # the mass before each token
         for b in drawing.nonzero().flatten().tolist():
             n = int((probs[b] > 0).sum())                                # the nucleus's size
-            top_k_edge = n == SAMPLING["top_k"] and logits[b, t].topk(n + 1).values[-2:].diff().abs().item() < bound
-            if (before[b, n - 1:n + 1] - SAMPLING["top_p"]).abs().min() < bound or top_k_edge:
+            if (before[b, n - 1:n + 1] - SAMPLING["top_p"]).abs().min() < bound:
                 for k in (n - 1, n + 1):                                 # another CPU could keep one token fewer or more
                     alt = torch.zeros_like(full[b]).scatter(0, order[b, :k], full[b, :k]).cumsum(dim=0)
                     pick = torch.searchsorted(alt, u[b] * alt[-1:], right=True)
-                    assert k == 0 or int(pick) == int(token[b]), f"step {t}, row {b}: the cut decides the token"
+                    assert k == 0 or int(pick) == int(token[b]), f"step {t}, row {b}: the top-p cut decides the token"
+            row = logits[b, t]                                           # (vocab,), unfiltered
+            top = row.topk(SAMPLING["top_k"] + 1).indices                # the k + 1 most likely, most likely first
+            if (row[top[-2]] - row[top[-1]]).abs() < bound:              # another CPU could rank the (k+1)-th above the k-th
+                swapped = torch.cat([top[:-2], top[-1:]])                # the k kept there
+                alt_logits = torch.full_like(row, float("-inf")).scatter(0, swapped, row[swapped])
+                alt = top_p_filter(alt_logits, SAMPLING["top_p"]).softmax(dim=-1).double().cumsum(dim=0)
+                pick = torch.searchsorted(alt, u[b] * alt[-1:], right=True)
+                assert int(pick) == int(token[b]), f"step {t}, row {b}: the top-k cut decides the token"

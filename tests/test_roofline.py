@@ -6,7 +6,7 @@ import torch
 from attnlib import LlamaDecoder
 from attnlib import roofline
 from attnlib.caches import cache_bytes
-from attnlib.roofline import read_bandwidth, streaming_limit, weight_bytes
+from attnlib.roofline import read_bandwidth, step_bytes, streaming_limit, weight_bytes
 
 
 def _decoder(tied: bool) -> LlamaDecoder:
@@ -24,9 +24,16 @@ def test_weight_bytes_counts_a_tied_output_layer_once():
     assert weight_bytes(tied.to(torch.bfloat16)) == 2 * (embedding + 2 * block + 16)   # 2 bytes each
 
 
-def test_streaming_limit_is_the_bandwidth_over_the_weight_bytes():
-    model = _decoder(True)
-    assert streaming_limit(model, 3e10) == pytest.approx(3e10 / weight_bytes(model))
+def test_a_step_reads_all_the_weights_but_an_untied_embedding():
+    untied, tied = _decoder(False), _decoder(True)
+    assert step_bytes(tied) == weight_bytes(tied)                         # the output layer multiplies by it
+    assert step_bytes(untied) == weight_bytes(untied) - 4 * 100 * 16      # the (vocab, D) table is looked up
+
+
+@pytest.mark.parametrize("tied", [True, False])
+def test_streaming_limit_is_the_bandwidth_over_the_bytes_a_step_reads(tied):
+    model = _decoder(tied)
+    assert streaming_limit(model, 3e10) == pytest.approx(3e10 / step_bytes(model))
 
 
 def test_a_batch_shares_the_weights_and_reads_its_own_caches():
