@@ -43,8 +43,9 @@ PACK_MODEL_MIN = 2**22  # parameters of the model. Measured on this book's 2-cor
 # against one without: 1.2x slower at 3.3M parameters (bench_decode's model: D 256, 8 heads, 2 key/value heads,
 # 4 layers, d_ff 688, vocab 1000), no faster at 4.7M (D 384, 6 and 2 heads, 2 layers, d_ff 1024, vocab 2000),
 # 1.5x faster at 6.9M (D 512, 8 and 2 heads, 1 layer, d_ff 1376, vocab 4000). Not the matrices' size: the 4.7M
-# model's are all of PACK_MIN elements or more. Why it gains nothing was not measured; a likely cause is that its
-# 13-19 MB of weights stay in the last-level cache between steps, where reading memory faster does not count
+# model's are all of PACK_MIN elements or more. Why it gains nothing was not measured; chapter 8 names two
+# candidates: its 13-19 MB of weights staying in the last-level cache between steps, and its 9 packed calls
+# per step (5 in the 6.9M model), each dearer than torch.mm's
 _PACKED = WeakTensorKeyDictionary()  # weight -> (its version when packed, the packed copy)
 
 
