@@ -38,7 +38,7 @@ class GatedDeltaNetState:
 
     @property
     def nbytes(self) -> int:
-        """Bytes held: B · (C (K - 1) + H_v Dk Dv) numbers, whatever seq_len is."""
+        """The bytes held, B · (C (K - 1) + H_v Dk Dv) numbers whatever seq_len is."""
         return sum(t.numel() * t.element_size() for t in (self.conv, self.recurrent))
 
 

@@ -48,7 +48,7 @@ class LinearAttentionState:
 
     @property
     def nbytes(self) -> int:
-        """Bytes held: B · H · Dk · (Dv + 1) numbers, however many tokens have been seen."""
+        """The bytes held, B · H · Dk · (Dv + 1) numbers however many tokens have been seen."""
         return self.S.numel() * self.S.element_size() + self.z.numel() * self.z.element_size()
 
 
