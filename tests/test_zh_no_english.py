@@ -53,6 +53,9 @@ NAMES = _cited_authors() | {
     "Pythia",  # a model family (chapter 12: where Xiao et al. found attention sinks)
     "Gemma",  # a model family (chapter 13: Gemma 2 alternates windowed and global layers)
     "Ulysses", "DeepSpeed",  # DeepSpeed-Ulysses (chapter 17; its authors are in references.bib)
+    "Gated", "DeltaNet", "Kimi", "Linear",  # layer and model names: Gated DeltaNet, Kimi Linear (chapter 15)
+    "Leviathan", "Chen", "Saxena", "Qiu", "Ye", "Peng", "Yu",  # authors that attnlib's docstrings cite (API page)
+    "Intel", "Hub",  # Intel's MKL (chapter 12), the Hugging Face Hub
     "True", "False", "None",  # Python's constants, written as in code
     "Dh", "Dv",  # the book's dimension letters for the head width (DESIGN: B, H, H_kv, T, S, D, Dh)
     "attention-book",  # the book's author line
@@ -66,6 +69,8 @@ TERMS = {
     "matplotlib", "lm-head", "flash", "relu", "gelu", "vocab", "sentence-transformers", "lse", "epsilon",
     "top-k", "top-p",  # the sampling methods, named so in Chinese too (top-k 采样, top-p 采样)
     "gloo", "torchrun",  # torch.distributed's CPU backend and its launcher (chapter 17)
+    "delta",  # the delta rule (delta 规则, chapter 15)
+    "flash-linear-attention", "ring-flash-attention",  # codebases' names (chapters 15 and 17)
 }
 # English grammar words: one of them on a Chinese page is left-over English, whatever surrounds it.
 FUNCTION_WORDS = {
