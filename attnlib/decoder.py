@@ -151,7 +151,8 @@ class LlamaDecoder(nn.Module):
     The 2025 layouts (attnlib.from_hf) reuse it through options: `blocks`, the L blocks built by the
     caller (LlamaBlocks whose attention may be an attnlib.variants module, each with its own rotary
     embedding or none, and its own window); `embed_scale` multiplies the embeddings (Gemma: sqrt(D));
-    `logit_softcap` c squashes the logits to c · tanh(logits / c) (Gemma 2/3's final softcapping).
+    `logit_softcap` c squashes the logits to c · tanh(logits / c) (Gemma 2/3's final softcapping);
+    `cache_factory` makes the cache `make_cache` returns (attnlib.hybrid.HybridCache for a hybrid model).
     """
 
     def __init__(self, vocab_size: int, d_model: int, num_layers: int, num_heads: int,
@@ -159,7 +160,8 @@ class LlamaDecoder(nn.Module):
                  rope_base: float = 10000.0, eps: float = 1e-6, attention_bias: bool = False,
                  mlp_bias: bool = False, tie_word_embeddings: bool = False,
                  sliding_window: int | None = None, blocks: list[nn.Module] | None = None,
-                 embed_scale: float = 1.0, logit_softcap: float | None = None) -> None:
+                 embed_scale: float = 1.0, logit_softcap: float | None = None,
+                 cache_factory: Callable[[], Cache] | None = None) -> None:
         super().__init__()
         if num_heads < 1 or d_model % num_heads:  # checked here: RoPE needs Dh before the blocks exist
             raise ValueError(f"d_model={d_model} is not divisible by num_heads={num_heads}: "
@@ -171,7 +173,7 @@ class LlamaDecoder(nn.Module):
         if blocks is not None and len(blocks) != num_layers:
             raise ValueError(f"blocks holds {len(blocks)} blocks, not num_layers={num_layers}")
         self.max_position_embeddings, self.sliding_window = max_position_embeddings, sliding_window
-        self.embed_scale, self.logit_softcap = embed_scale, logit_softcap
+        self.embed_scale, self.logit_softcap, self.cache_factory = embed_scale, logit_softcap, cache_factory
         # one rotary embedding for every layer, or none when the blocks bring their own
         self.rotary = RotaryEmbedding(d_model // num_heads, max_position_embeddings, rope_base) if blocks is None else None
         self.embed = nn.Embedding(vocab_size, d_model)
@@ -193,9 +195,11 @@ class LlamaDecoder(nn.Module):
         what generate's one-token fast path (attnlib.decode_step) computes."""
         return self.rotary is not None and self.embed_scale == 1.0 and self.logit_softcap is None
 
-    def make_cache(self) -> KVCache | LayerWindowCache:
-        """The cache generate fills by default: a KVCache (rolling under this model's sliding window), or,
-        when the blocks have windows of their own, a LayerWindowCache that keeps each layer's window."""
+    def make_cache(self) -> Cache:
+        """The cache generate fills by default: cache_factory()'s if given; else a KVCache (rolling under this
+        model's sliding window), or, when the blocks have windows of their own, a LayerWindowCache."""
+        if self.cache_factory is not None:
+            return self.cache_factory()
         windows = [getattr(block.attn, "window", None) for block in self.blocks]
         if self.sliding_window is not None or all(w is None for w in windows):
             return KVCache(sliding_window=self.sliding_window)

@@ -1,9 +1,10 @@
 """attnlib.from_hf(obj): attnlib's own version of a transformers object, its weights copied.
 
 One registry maps a transformers class name to its converter. Causal LMs become LlamaDecoders
-(logits (B, T, vocab), usable by attnlib.generate, `decoder.make_cache()`); one layer's attention module
-becomes an attnlib module m(x) (B, T, D) -> (B, T, D), causal over positions 0..T-1, with the layer's
-window. An unsupported class is a TypeError naming it and listing what is supported; a feature attnlib
+(logits (B, T, vocab), usable by attnlib.generate, `decoder.make_cache()`), hybrids included (Qwen3.5's
+Gated DeltaNet + attention, attnlib.hf_hybrid); one layer's attention module becomes an attnlib module
+m(x) (B, T, D) -> (B, T, D), causal over positions 0..T-1, with the layer's window (Qwen3.5's Gated DeltaNet
+layer: attnlib.GatedDeltaNet; DeepSeek-V3.2's sparse attention: attnlib.DeepSeekSparseAttention). An unsupported class is a TypeError naming it and listing what is supported; a feature attnlib
 does not model (a mixture-of-experts MLP, an unknown RoPE type) is a TypeError / ValueError naming it.
 """
 
@@ -14,7 +15,10 @@ from collections.abc import Callable
 from torch import nn
 
 from attnlib.decoder import LlamaDecoder
+from attnlib.gated_deltanet import GatedDeltaNet
+from attnlib.hf_hybrid import HYBRID_CONVERTERS
 from attnlib.mla import MultiHeadLatentAttention
+from attnlib.sparse_attention import DeepSeekSparseAttention
 from attnlib.variants.hf_attention import ATTENTION_CONVERTERS
 from attnlib.variants.hf_models import MODEL_CONVERTERS
 
@@ -23,7 +27,8 @@ __all__ = ["from_hf", "CONVERTERS", "supported"]
 CONVERTERS: dict[str, Callable[[nn.Module], nn.Module]] = {
     "LlamaForCausalLM": LlamaDecoder.from_hf, "MistralForCausalLM": LlamaDecoder.from_hf,
     "DeepseekV3Attention": MultiHeadLatentAttention.from_hf,
-    **MODEL_CONVERTERS, **ATTENTION_CONVERTERS,
+    "Qwen3_5GatedDeltaNet": GatedDeltaNet.from_hf, "DeepseekV32Attention": DeepSeekSparseAttention.from_hf,
+    **MODEL_CONVERTERS, **ATTENTION_CONVERTERS, **HYBRID_CONVERTERS,
 }
 
 

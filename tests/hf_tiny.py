@@ -51,3 +51,14 @@ def attention_io(model: torch.nn.Module, layer: int, ids: torch.Tensor, name: st
     finally:
         handle.remove()
     return seen["x"], seen["y"]
+
+
+# Qwen3.5 (text) as shipped, 3 Gated DeltaNet layers per full-attention layer; and with every layer linear
+QWEN3_5_LINEAR = dict(linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16,
+                      linear_value_head_dim=16, linear_conv_kernel_dim=4)
+QWEN3_5_HYBRID = dict(QWEN3_5_LINEAR, num_hidden_layers=4, layer_types=["linear_attention"] * 3 + ["full_attention"])
+QWEN3_5_ALL_LINEAR = dict(QWEN3_5_LINEAR, num_hidden_layers=3, layer_types=["linear_attention"] * 3)
+# DeepSeek-V3.2 with dense MLPs only (first_k_dense_replace = layers) and an indexer keeping 4 keys per query
+DEEPSEEK_V32_DENSE = dict(num_key_value_heads=4, q_lora_rank=32, kv_lora_rank=16, qk_rope_head_dim=8,
+                          qk_nope_head_dim=16, v_head_dim=16, first_k_dense_replace=2, index_topk=4, index_n_heads=2,
+                          index_head_dim=16)
