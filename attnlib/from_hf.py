@@ -4,8 +4,9 @@ One registry maps a transformers class name to its converter. Causal LMs become 
 (logits (B, T, vocab), usable by attnlib.generate, `decoder.make_cache()`), hybrids included (Qwen3.5's
 Gated DeltaNet + attention, attnlib.hf_hybrid); one layer's attention module becomes an attnlib module
 m(x) (B, T, D) -> (B, T, D), causal over positions 0..T-1, with the layer's window (Qwen3.5's Gated DeltaNet
-layer: attnlib.GatedDeltaNet; DeepSeek-V3.2's sparse attention: attnlib.DeepSeekSparseAttention). An unsupported class is a TypeError naming it and listing what is supported; a feature attnlib
-does not model (a mixture-of-experts MLP, an unknown RoPE type) is a TypeError / ValueError naming it.
+layer: a GatedDeltaNet; DeepSeek-V3.2's sparse attention: a DeepSeekSparseAttention). An unsupported
+class is a TypeError naming it and listing what is supported; a feature attnlib does not model (a
+mixture-of-experts MLP, an unknown RoPE type) is a TypeError / ValueError naming it.
 """
 
 from __future__ import annotations

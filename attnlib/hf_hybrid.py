@@ -11,11 +11,13 @@ Both keep Llama's pre-norm block, x + Mixer(RMSNorm(x)) then + SwiGLU(RMSNorm(·
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from typing import Any
 
 import torch
 from torch import nn
 
+from attnlib.caches import Cache
 from attnlib.decoder import LlamaBlock, LlamaDecoder
 from attnlib.gated_deltanet import GatedDeltaNet
 from attnlib.hybrid import HybridCache, LinearMixer
@@ -37,7 +39,8 @@ class SparseMixer(nn.Module):
         self.dsa, self.layer_idx = dsa, dsa.mla.layer_idx
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None, *, is_causal: bool = True,
-                cache: IndexedLatentCache | None = None, rope: object = None, need_weights: bool = False) -> torch.Tensor:
+                cache: IndexedLatentCache | None = None, rope: object = None,
+                need_weights: bool = False) -> torch.Tensor:
         """x (B, T, D) -> (B, T, D), causal, over the cache's latents and indexer keys (appended to)."""
         if need_weights or (mask is not None and not bool(mask.all())):
             raise ValueError("a DeepSeek-V3.2 model here takes unpadded batches (attention_mask all ones) and returns "
@@ -45,7 +48,8 @@ class SparseMixer(nn.Module):
         return self.dsa(x, cache)
 
 
-def _assemble(model: nn.Module, mixers: list[nn.Module], *, norm_offset: float = 0.0, cache_factory=None) -> LlamaDecoder:
+def _assemble(model: nn.Module, mixers: list[nn.Module], *, norm_offset: float = 0.0,
+              cache_factory: Callable[[], Cache] | None = None) -> LlamaDecoder:
     """A LlamaDecoder of pre-norm blocks around `mixers` (one per layer), with model's MLPs, norms (+ norm_offset),
     embeddings and head copied."""
     c, inner = model.config, model.model

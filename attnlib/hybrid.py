@@ -47,7 +47,8 @@ class HybridCache:
                              f"cache, got {layer_idx!r}: a cache belongs to one model; use its decoder.make_cache()")
         if self.kinds[layer_idx] != kind:
             raise ValueError(f"layer {layer_idx} of this cache holds {self.kinds[layer_idx]} state, but a layer "
-                             f"of kind {kind!r} asked for it: a cache belongs to one model; use its decoder.make_cache()")
+                             f"of kind {kind!r} asked for it: a cache belongs to one model; use its "
+                             f"decoder.make_cache()")
 
     def state(self, layer_idx: int, layer: GatedDeltaNet, batch_size: int) -> GatedDeltaNetState:
         """Linear layer `layer_idx`'s state (a new empty one from `layer` the first time), updated in place."""
@@ -77,7 +78,7 @@ class HybridCache:
 
     @property
     def seq_len(self) -> int:
-        """Tokens layer 0 has seen: the next token's position."""
+        """Tokens layer 0 has seen, which is the next token's position."""
         return self.get_seq_len(0)
 
     @property
@@ -93,17 +94,17 @@ class HybridCache:
 
     @property
     def state_nbytes(self) -> int:
-        """Bytes of the linear layers' states: fixed, whatever the length."""
+        """Bytes of the linear layers' states, fixed whatever the length."""
         return sum(state.nbytes for state in self._states.values())
 
     @property
     def kv_nbytes(self) -> int:
-        """Bytes of the attention layers' keys and values: 2 · B · H_kv · Dh · elements per token and layer."""
+        """Bytes of the attention layers' keys and values, 2 · B · H_kv · Dh elements per token and layer."""
         return self.kv.nbytes
 
     @property
     def nbytes(self) -> int:
-        """Bytes held: the states plus the keys and values."""
+        """Bytes held, the states plus the keys and values."""
         return self.state_nbytes + self.kv_nbytes
 
     def __repr__(self) -> str:
