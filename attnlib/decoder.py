@@ -163,7 +163,7 @@ class LlamaDecoder(nn.Module):
                  embed_scale: float = 1.0, logit_softcap: float | None = None,
                  cache_factory: Callable[[], Cache] | None = None) -> None:
         super().__init__()
-        if num_heads < 1 or d_model % num_heads:  # checked here: RoPE needs Dh before the blocks exist
+        if blocks is None and (num_heads < 1 or d_model % num_heads):  # RoPE needs Dh before the blocks exist
             raise ValueError(f"d_model={d_model} is not divisible by num_heads={num_heads}: "
                              f"each head gets Dh = d_model / num_heads")
         if sliding_window is not None and (isinstance(sliding_window, bool) or not isinstance(sliding_window, int)

@@ -76,6 +76,18 @@ def test_qwen3_5_hybrid_logits_left_padded():
     assert theirs[real].std() > 0.1  # logits that say something: the comparison can fail
 
 
+def test_heads_of_a_given_width_need_not_divide_the_model_width():
+    """Qwen3.5 states head_dim: 3 heads of 16 in a width of 64 is a valid model, converted, not refused."""
+    model = tiny(tf.Qwen3_5ForCausalLM, tf.Qwen3_5TextConfig, **{**QWEN3_5_HYBRID, "num_attention_heads": 3,
+                                                                "num_key_value_heads": 1})
+    ids, mask = left_padded()
+    positions = (mask.cumsum(-1) - 1).clamp(min=0)
+    with torch.no_grad():
+        theirs = model(ids, attention_mask=mask, position_ids=positions).logits
+        got = attnlib.from_hf(model)(ids, attention_mask=mask)
+    assert (got - theirs)[mask.bool()].abs().max() <= TOL
+
+
 def test_qwen3_5_hybrid_generates_transformers_tokens():
     model, ours = pair("hybrid")
     ids, mask = left_padded()
@@ -171,6 +183,10 @@ def test_bad_input_is_a_named_error():
     with pytest.raises(ValueError, match=r"state.conv of shape \(1, 96, 3\) does not fit this layer: expected "
                                          r"\(1, 128, 3\)"):
         hybrid(ids, cache)
+    for overrides, message in ((dict(num_key_value_heads=3), "num_kv_heads=3 must divide num_heads=4"),
+                               (dict(linear_num_key_heads=3), "num_v_heads=4 is not a multiple of num_k_heads=3")):
+        with pytest.raises(ValueError, match=message):
+            attnlib.from_hf(tiny(tf.Qwen3_5ForCausalLM, tf.Qwen3_5TextConfig, **{**QWEN3_5_HYBRID, **overrides}))
     with pytest.raises(ValueError, match="kinds must list one of"):
         HybridCache(["linear", "mamba"])
     with pytest.raises(ValueError, match="num_v_heads=6 is not a multiple of num_k_heads=4"):
