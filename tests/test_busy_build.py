@@ -1,4 +1,4 @@
-"""The heaviest chapters build on a busy machine, each within BUDGET seconds.
+"""The heaviest chapter builds on a busy machine, within BUDGET seconds.
 
 A reader's laptop always runs something else. Issue 35: beside other CPU-bound programs, chapter 11's
 training cell (many small operations on torch's two threads) thrashed past the book build's 300 s
@@ -18,21 +18,24 @@ import pytest
 from benchmarks.chapter_runtimes import CHAPTERS, busy_machine, run
 
 BUDGET = 150  # seconds for one chapter beside two busy torch programs (issue 35)
-# Chapter 11, the one whose small models thrashed on two threads (434 s under load before, ~60 s after).
-# Chapter 12, the heaviest (~100 s of CPU: SmolLM2 read from its GGUF file twice, its decoding timed), took
-# longer than BUDGET beside two busy programs even with every decoding cell on one thread: it is not
-# listed until it is shortened (issue 35 stays open for it).
-CHAPTERS_UNDER_LOAD = ("11_transformer",)
+# Chapter 12, the heaviest: SmolLM2 (135M parameters) loaded and run on one thread, about 60 s of CPU on an
+# idle machine (python -m benchmarks.chapter_runtimes 12 prints it), which two busy programs stretch to about
+# twice that. Chapter 11, whose small models thrashed on two threads (434 s under load before, ~60 s after),
+# costs half as much and is not built here, to keep this test's share of CI short; run
+# `python -m benchmarks.chapter_runtimes --busy 2` to check every chapter under the same load.
+CHAPTERS_UNDER_LOAD = ("12_real_language_model",)
 
 
 @pytest.mark.parametrize("name", CHAPTERS_UNDER_LOAD)
 def test_a_chapter_builds_beside_two_busy_programs(name):
     path = CHAPTERS / f"{name}.ipynb"
     with busy_machine(2):
-        seconds, cells, error = run(path, timeout=BUDGET)
-    assert error is None, f"{path.name} beside two busy torch programs (cells may take {BUDGET} s) stopped at {error}"
-    slowest = sorted(range(len(cells)), key=cells.__getitem__, reverse=True)[:3]
-    named = ", ".join(f"cell {i} {cells[i]:.0f} s" for i in slowest)
-    assert seconds <= BUDGET, (f"{path.name} took {seconds:.0f} s beside two busy torch programs, over the "
-                               f"{BUDGET} s budget; its slowest cells: {named}. Run small operations on one "
-                               "thread (attnlib.timing.one_thread) or shorten the cell.")
+        result = run(path, timeout=BUDGET)
+    assert result.error is None, (f"{path.name} beside two busy torch programs (cells may take {BUDGET} s) "
+                                  f"stopped at {result.error}")
+    slowest = sorted(range(len(result.cells)), key=result.cells.__getitem__, reverse=True)[:3]
+    named = ", ".join(f"cell {i} {result.cells[i]:.0f} s ({result.cpu_cells[i]:.0f} s of CPU)" for i in slowest)
+    assert result.seconds <= BUDGET, (
+        f"{path.name} took {result.seconds:.0f} s ({result.cpu:.0f} s of CPU) beside two busy torch programs, over "
+        f"the {BUDGET} s budget; its slowest cells: {named}. Run small operations on one thread "
+        "(attnlib.timing.one_thread) or shorten the cell.")

@@ -15,7 +15,7 @@ import torch
 from attnlib import generate, load_smollm2
 from attnlib.generation import top_k_filter, top_p_filter
 
-QUESTION = "What is the capital of France, and what is it famous for?"
+QUESTION = "What is the capital of France, and what is it famous for? Answer in one sentence."
 SAMPLING = dict(do_sample=True, temperature=0.8, top_k=50, top_p=0.9)   # chapter 12's, with seed 2, 3 rows
 SEED, ROWS, NEW, NEW_GREEDY = 2, 3, 48, 80
 
