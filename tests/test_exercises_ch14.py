@@ -84,6 +84,7 @@ QK_MISTAKES = {
                                                    k / (k.pow(2).mean(-1, keepdim=True) + 1e-6) * b),
     "not normalised at all": lambda q, k, a, b: (q, k),
     "returned (k, q)": lambda q, k, a, b: qk_book(q, k, a, b)[::-1],
+    "the keys were repeated to H heads": lambda q, k, a, b: qk_book(q, k.repeat_interleave(2, dim=1), a, b),
     "should return the pair (q, k), got Tensor": lambda q, k, a, b: qk_book(q, k, a, b)[0],
     "should be a torch.Tensor, got list": lambda q, k, a, b: (qk_book(q, k, a, b)[0].tolist(), k),
     "half precision": lambda q, k, a, b: tuple(t.half() for t in qk_book(q, k, a, b)),

@@ -58,8 +58,12 @@ def _pair(result: object, what: str, q_shape: tuple[int, ...], k_shape: tuple[in
         kind = type(result).__name__ + (f" of shape {tuple(result.shape)}" if hasattr(result, "shape") else "")
         raise CandidateError(f"{what} should return the pair (q, k), got {kind}")
     a, b = result
-    if getattr(a, "shape", None) is not None and tuple(a.shape) == k_shape and tuple(b.shape) == q_shape:
+    shapes = tuple(getattr(a, "shape", ())), tuple(getattr(b, "shape", ()))
+    if shapes == (k_shape, q_shape):
         raise CandidateError(f"{what} returned (k, q): return the queries first, (q, k)")
+    if shapes[1] == q_shape != k_shape:
+        raise CandidateError(f"{what} returned keys of shape {q_shape}, the queries' heads: the keys were repeated to H "
+                             f"heads (repeat_kv); QK-norm runs on the {k_shape[1]} key heads as they are, shape {k_shape}")
     return a, b
 
 
