@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from attnlib.exercises import check_differential_attention, check_qk_norm, check_sink_softmax
+from attnlib.exercises import check_differential_attention, check_output_gate, check_qk_norm, check_sink_softmax
 from attnlib.variants import QKNorm, SinkAttention
 from exercise_helpers import assert_names, stub
 
@@ -290,7 +290,7 @@ def test_differential_attention_names_each_mistake(phrase):
     assert_names(check_differential_attention(DIFF_MISTAKES[phrase]), phrase)
 
 
-@pytest.mark.parametrize("check", [check_qk_norm, check_sink_softmax, check_differential_attention])
+@pytest.mark.parametrize("check", [check_qk_norm, check_sink_softmax, check_differential_attention, check_output_gate])
 def test_stub_is_not_attempted_and_state_is_kept(check):
     result = check(stub)
     assert not result.passed and not result.attempted, result
@@ -304,3 +304,61 @@ def test_stub_is_not_attempted_and_state_is_kept(check):
     assert not result.passed and "ValueError" in result.message, result
     assert torch.get_num_threads() == threads and torch.is_grad_enabled() == grad
     assert torch.get_default_dtype() == torch.float32
+
+
+# --- the output gate ---------------------------------------------------------------------------------
+
+
+def gate_book(x, y, gate_weight, out_weight):
+    return (y * torch.sigmoid(x @ gate_weight.T)) @ out_weight.T
+
+
+def gate_functional(hidden_states, attn_output, gate_w, o_w):          # transformers-like: F.linear
+    return F.linear(attn_output * torch.sigmoid(F.linear(hidden_states, gate_w)), o_w)
+
+
+def gate_modules(x, y, gate_weight, out_weight):                        # nn.Linear layers holding the weights
+    gate = torch.nn.Linear(x.shape[-1], y.shape[-1], bias=False).to(x.dtype)
+    out = torch.nn.Linear(y.shape[-1], x.shape[-1], bias=False).to(x.dtype)
+    with torch.no_grad():
+        gate.weight.copy_(gate_weight)
+        out.weight.copy_(out_weight)
+        return out(y * gate(x).sigmoid())
+
+
+def gate_einsum(x, y, wg, wo):
+    g = 1 / (1 + torch.exp(-torch.einsum("btd,wd->btw", x, wg)))
+    return torch.einsum("btw,dw->btd", y * g, wo)
+
+
+def gate_numpy(x, y, wg, wo):
+    x, y, wg, wo = (t.numpy() for t in (x, y, wg, wo))
+    return (y / (1 + np.exp(-(x @ wg.T)))) @ wo.T
+
+
+@pytest.mark.parametrize("answer", [gate_book, gate_functional, gate_modules, gate_einsum, gate_numpy])
+def test_output_gate_accepts_correct_answers(answer):
+    result = check_output_gate(answer)
+    assert result.passed, result
+
+
+GATE_MISTAKES = {
+    "SiLU": lambda x, y, g, o: (y * F.silu(x @ g.T)) @ o.T,
+    "no sigmoid": lambda x, y, g, o: (y * (x @ g.T)) @ o.T,
+    "tanh instead of the sigmoid": lambda x, y, g, o: (y * torch.tanh(x @ g.T)) @ o.T,
+    "1 - σ": lambda x, y, g, o: (y * (1 - torch.sigmoid(x @ g.T))) @ o.T,
+    "a softmax over the channels": lambda x, y, g, o: (y * (x @ g.T).softmax(-1)) @ o.T,
+    "the sigmoid taken of x before the projection": lambda x, y, g, o: (y * (torch.sigmoid(x) @ g.T)) @ o.T,
+    "the gate added": lambda x, y, g, o: (y + torch.sigmoid(x @ g.T)) @ o.T,
+    "the gate not applied": lambda x, y, g, o: y @ o.T,
+    "before the output projection": lambda x, y, g, o: y * torch.sigmoid(x @ g.T),
+    "(out, in) layout": lambda x, y, g, o: (y * torch.sigmoid(x @ g)) @ o,
+    "the expected result times 2": lambda x, y, g, o: 2 * gate_book(x, y, g, o),
+    "half precision": lambda x, y, g, o: gate_book(x, y, g, o).half(),
+    "changed y in place": lambda x, y, g, o: y.mul_(torch.sigmoid(x @ g.T)) @ o.T,
+}
+
+
+@pytest.mark.parametrize("phrase", GATE_MISTAKES)
+def test_output_gate_names_each_mistake(phrase):
+    assert_names(check_output_gate(GATE_MISTAKES[phrase]), phrase)

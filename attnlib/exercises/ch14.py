@@ -1,5 +1,5 @@
 """Checkers for chapter 14 (attention in 2025's models): per-head QK-norm and the softmax with a learned sink
-(differential attention's checker lives in ch14_diff).
+(differential attention's checker lives in ch14_diff, the output gate's in ch14_gate).
 
 Inputs have distinct sizes on every axis (B, H, H_kv, T, S, Dh), so that a norm or a softmax over the wrong
 axis, a transposed result or a sink broadcast along the wrong axis cannot pass for the right one.
@@ -14,8 +14,9 @@ import torch
 from attnlib.exercises._core import CandidateError, checker, run
 from attnlib.exercises._differ import expect_or_differences
 from attnlib.exercises.ch14_diff import check_differential_attention, tensor_of
+from attnlib.exercises.ch14_gate import check_output_gate
 
-__all__ = ["check_qk_norm", "check_sink_softmax", "check_differential_attention"]
+__all__ = ["check_qk_norm", "check_sink_softmax", "check_differential_attention", "check_output_gate"]
 
 B, H, H_KV, T, DH = 3, 4, 2, 5, 6
 
