@@ -83,6 +83,11 @@ QK_MISTAKES = {
     "without its square root": lambda q, k, a, b: (q / (q.pow(2).mean(-1, keepdim=True) + 1e-6) * a,
                                                    k / (k.pow(2).mean(-1, keepdim=True) + 1e-6) * b),
     "not normalised at all": lambda q, k, a, b: (q, k),
+    "ε added outside the square root": lambda q, k, a, b: tuple(
+        u / (u.pow(2).mean(-1, keepdim=True).sqrt() + 1e-6) * g for u, g in ((q, a), (k, b))),
+    "ε left out": lambda q, k, a, b: (q * q.pow(2).mean(-1, keepdim=True).rsqrt() * a,
+                                      k * k.pow(2).mean(-1, keepdim=True).rsqrt() * b),
+    "ε = 1e-5": lambda q, k, a, b: qk_book(q, k, a, b, eps=1e-5),
     "returned (k, q)": lambda q, k, a, b: qk_book(q, k, a, b)[::-1],
     "the keys were repeated to H heads": lambda q, k, a, b: qk_book(q, k.repeat_interleave(2, dim=1), a, b),
     "should return the pair (q, k), got Tensor": lambda q, k, a, b: qk_book(q, k, a, b)[0],
@@ -166,6 +171,8 @@ SINK_MISTAKES = {
         s.view(1, -1, 1, 1) + torch.exp(a).sum(-1, keepdim=True)),
     "the sink logit taken as 0": lambda a, s: sink_book(a, torch.zeros_like(s)),
     "the sink logit negated": lambda a, s: sink_book(a, -s),
+    "indexed by the batch": lambda a, s: torch.cat(
+        [a, s.view(-1, 1, 1, 1)[: a.shape[0]].expand(*a.shape[:-1], 1)], -1).softmax(-1)[..., :-1],
     "the sink's column is still there": lambda a, s: torch.cat(
         [a, s.view(1, -1, 1, 1).expand(*a.shape[:-1], 1)], -1).softmax(-1),
     "the sink's column returned as the last key": lambda a, s: torch.cat(
@@ -352,7 +359,8 @@ GATE_MISTAKES = {
     "the gate added": lambda x, y, g, o: (y + torch.sigmoid(x @ g.T)) @ o.T,
     "the gate not applied": lambda x, y, g, o: y @ o.T,
     "before the output projection": lambda x, y, g, o: y * torch.sigmoid(x @ g.T),
-    "(out, in) layout": lambda x, y, g, o: (y * torch.sigmoid(x @ g)) @ o,
+    "(out, in)": lambda x, y, g, o: (y * torch.sigmoid(x @ g)) @ o,
+    "the gate computed from y": lambda x, y, g, o: F.linear(y * torch.sigmoid(F.linear(y, g)), o),
     "the expected result times 2": lambda x, y, g, o: 2 * gate_book(x, y, g, o),
     "half precision": lambda x, y, g, o: gate_book(x, y, g, o).half(),
     "changed y in place": lambda x, y, g, o: y.mul_(torch.sigmoid(x @ g.T)) @ o.T,

@@ -46,6 +46,11 @@ def _norm_mistakes(u: torch.Tensor, g: torch.Tensor, other_g: torch.Tensor) -> d
         "the weight used as 1 + w (Gemma 3 and Qwen3.5 store it that way; Qwen3 multiplies by w itself)":
             _rms(u, 1 + g),
         "the weight applied before the norm (the rms of u ⊙ g): normalise first, then multiply": _rms(u * g, 1.0),
+        "ε added outside the square root (u / (rms + ε)): it goes inside, u / sqrt(mean(u²) + ε)":
+            u / (u.pow(2).mean(-1, keepdim=True).sqrt() + 1e-6) * g,
+        "ε left out (u / sqrt(mean(u²))): the exercise's norm adds ε = 1e-6 inside the square root":
+            _rms(u, g, eps=0.0),
+        "ε = 1e-5: the exercise's (and Qwen3's) ε is 1e-6": _rms(u, g, eps=1e-5),
         "divided by the mean square, without its square root": u / (u.pow(2).mean(-1, keepdim=True) + 1e-6) * g,
         "multiplied by the rms instead of divided by it": u * u.pow(2).mean(-1, keepdim=True).sqrt() * g,
         "not normalised at all": u,
@@ -119,6 +124,9 @@ def _sink_mistakes(scores: torch.Tensor, sinks: torch.Tensor) -> dict[str, torch
         "the sink logit taken as 0 for every head (an extra 1 in the denominator): use each head's exp(s_h)":
             _sink(scores, torch.zeros_like(sinks)),
         "the sink logit negated (exp(-s_h))": _sink(scores, -sinks),
+        "the sink logits indexed by the batch (sinks.view(-1, 1, 1, 1)): there is one per head, along dim 1":
+            torch.cat([scores, sinks[: scores.shape[0]].view(-1, 1, 1, 1).expand(*scores.shape[:-1], 1)],
+                      -1).softmax(-1)[..., :-1],
         "the sink's column returned as the last key, and the last key dropped": torch.cat(
             [scores, s.expand(*scores.shape[:-1], 1)], -1).softmax(-1)[..., 1:],
         "the softmax taken over the queries (dim=-2), not over the keys (dim=-1)":

@@ -56,9 +56,10 @@ def check_output_gate(fn: Callable) -> str:
         except CandidateError as exc:
             if "cannot be multiplied" not in str(exc):
                 raise
-            raise CandidateError(f"{exc}. The weights are in nn.Linear's (out, in) layout, gate_weight {(W, D)} and "
-                                 f"out_weight {(D, W)}: multiply by their transposes, x @ gate_weight.T (or "
-                                 f"F.linear(x, gate_weight))") from None
+            raise CandidateError(f"{exc}. Two usual causes: the gate computed from y (width {W}) instead of the layer's "
+                                 f"input x (width {D}), which gate_weight {(W, D)} maps to {W} channels; or a weight "
+                                 f"used in the wrong layout: both are nn.Linear's (out, in), so multiply by their "
+                                 f"transposes, x @ gate_weight.T (or F.linear(x, gate_weight))") from None
         if getattr(got, "shape", None) is not None and tuple(got.shape) == (B, T, W):
             raise CandidateError(f"{what} returned {(B, T, W)}, the gated heads before the output projection: "
                                  f"multiply by out_weight's transpose, (y ⊙ σ(x W_gᵀ)) W_oᵀ, to get back to width {D}")
