@@ -56,6 +56,7 @@ NAMES = _cited_authors() | {
     "Gated", "DeltaNet", "Kimi", "Linear",  # layer and model names: Gated DeltaNet, Kimi Linear (chapter 15)
     "Leviathan", "Chen", "Saxena", "Qiu", "Ye", "Peng", "Yu",  # authors that attnlib's docstrings cite (API page)
     "Intel", "Hub",  # Intel's MKL (chapter 12), the Hugging Face Hub
+    "Scout",  # Llama 4 Scout, a model (chapter 14)
     "True", "False", "None",  # Python's constants, written as in code
     "Dh", "Dv",  # the book's dimension letters for the head width (DESIGN: B, H, H_kv, T, S, D, Dh)
     "attention-book",  # the book's author line
@@ -71,6 +72,7 @@ TERMS = {
     "gloo", "torchrun",  # torch.distributed's CPU backend and its launcher (chapter 17)
     "delta",  # the delta rule (delta 规则, chapter 15)
     "flash-linear-attention", "ring-flash-attention",  # codebases' names (chapters 15 and 17)
+    "gpt-oss",  # OpenAI's open-weight model family, written in lowercase (chapter 14)
 }
 # English grammar words: one of them on a Chinese page is left-over English, whatever surrounds it.
 FUNCTION_WORDS = {
