@@ -23,7 +23,7 @@ from attnlib.gated_deltanet import GatedDeltaNet
 from attnlib.hybrid import HybridCache, LinearMixer
 from attnlib.sparse_attention import DeepSeekSparseAttention, IndexedLatentCache
 from attnlib.variants.hf_attention import ATTENTION_CONVERTERS
-from attnlib.variants.hf_models import _mlp
+from attnlib.variants.hf_models import MODEL_LAYOUTS, _mlp, assemble_decoder
 
 __all__ = ["SparseMixer", "qwen3_5", "deepseek_v32", "HYBRID_CONVERTERS"]
 
@@ -56,21 +56,8 @@ def _assemble(model: nn.Module, mixers: list[nn.Module], *, norm_offset: float =
     blocks = [LlamaBlock(c.hidden_size, c.num_attention_heads, c.num_key_value_heads, c.intermediate_size, layer_idx=i,
                          rotary=None, eps=c.rms_norm_eps, attention_bias=False, mlp_bias=False, attn=mixer,
                          mlp=_mlp(layer, c)) for i, (mixer, layer) in enumerate(zip(mixers, inner.layers))]
-    tied = model.lm_head.weight is inner.embed_tokens.weight or bool(getattr(c, "tie_word_embeddings", False))
-    ours = LlamaDecoder(c.vocab_size, c.hidden_size, len(blocks), c.num_attention_heads, c.num_key_value_heads,
-                        c.intermediate_size, max_position_embeddings=c.max_position_embeddings, eps=c.rms_norm_eps,
-                        tie_word_embeddings=tied, blocks=blocks, cache_factory=cache_factory)
-    weight = inner.embed_tokens.weight
-    ours.to(device=weight.device, dtype=weight.dtype)
-    with torch.no_grad():
-        ours.embed.weight.copy_(weight)
-        ours.norm.weight.copy_(inner.norm.weight + norm_offset)
-        if not tied:
-            ours.lm_head.weight.copy_(model.lm_head.weight)
-        for block, layer in zip(ours.blocks, inner.layers):
-            block.attn_norm.weight.copy_(layer.input_layernorm.weight + norm_offset)
-            block.mlp_norm.weight.copy_(layer.post_attention_layernorm.weight + norm_offset)
-    return ours.eval()
+    return assemble_decoder(model, blocks, MODEL_LAYOUTS["pre"]["names"], norm_offset=norm_offset,
+                            cache_factory=cache_factory)
 
 
 def qwen3_5(model: nn.Module) -> LlamaDecoder:

@@ -39,11 +39,12 @@ def left_padded(B: int = 3, T: int = 9, vocab: int = 97, seed: int = 0) -> tuple
 
 
 def attention_io(model: torch.nn.Module, layer: int, ids: torch.Tensor, name: str = "self_attn"):
-    """The hidden states that reach model.model.layers[layer].<name> and what it returns, in a full forward."""
+    """The hidden states that reach model.model.layers[layer].<name> and what it returns (the first of a tuple), in a
+    full forward."""
     seen = {}
 
     def hook(module, args, kwargs, out):
-        seen["x"], seen["y"] = kwargs["hidden_states"], out[0]
+        seen["x"], seen["y"] = kwargs["hidden_states"], out[0] if isinstance(out, tuple) else out
     handle = getattr(model.model.layers[layer], name).register_forward_hook(hook, with_kwargs=True)
     try:
         with torch.no_grad():

@@ -20,7 +20,7 @@ from attnlib.decoder import LlamaDecoder
 from attnlib.gated_deltanet import GatedDeltaNet
 from attnlib.hybrid import HybridCache
 from attnlib.sparse_attention import DeepSeekSparseAttention, IndexedLatentCache
-from hf_tiny import DEEPSEEK_V32_DENSE, QWEN3_5_ALL_LINEAR, QWEN3_5_HYBRID, left_padded, tiny
+from hf_tiny import DEEPSEEK_V32_DENSE, QWEN3_5_ALL_LINEAR, QWEN3_5_HYBRID, attention_io, left_padded, tiny
 
 torch.set_num_threads(1)
 TOL = 1e-4
@@ -33,21 +33,6 @@ def pair(name: str) -> tuple[torch.nn.Module, LlamaDecoder]:
              "linear": lambda: tiny(tf.Qwen3_5ForCausalLM, tf.Qwen3_5TextConfig, **QWEN3_5_ALL_LINEAR),
              "dsa": lambda: tiny(tf.DeepseekV32ForCausalLM, tf.DeepseekV32Config, **DEEPSEEK_V32_DENSE)}[name]()
     return model, attnlib.from_hf(model)
-
-
-def layer_io(model: torch.nn.Module, layer: torch.nn.Module, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """What reaches `layer` and what it returns (its output, the first of a tuple) in model's full forward."""
-    seen = {}
-
-    def hook(module, args, kwargs, out):
-        seen["x"], seen["y"] = kwargs["hidden_states"], out[0] if isinstance(out, tuple) else out
-    handle = layer.register_forward_hook(hook, with_kwargs=True)
-    try:
-        with torch.no_grad():
-            model(ids)
-    finally:
-        handle.remove()
-    return seen["x"], seen["y"]
 
 
 def decode(ours: LlamaDecoder, ids: torch.Tensor, steps: int) -> tuple[torch.Tensor, list[int], HybridCache]:
@@ -158,7 +143,7 @@ def test_registry_converts_the_two_layers():
     for name, kind, attr in (("hybrid", GatedDeltaNet, "linear_attn"), ("dsa", DeepSeekSparseAttention, "self_attn")):
         model, _ = pair(name)
         ids = torch.randint(1, 97, (2, 12), generator=torch.Generator().manual_seed(6))
-        x, y = layer_io(model, getattr(model.model.layers[0], attr), ids)
+        x, y = attention_io(model, 0, ids, name=attr)
         layer = attnlib.from_hf(getattr(model.model.layers[0], attr))
         assert isinstance(layer, kind)
         with torch.no_grad():

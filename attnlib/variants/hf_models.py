@@ -20,7 +20,7 @@ from torch import nn
 from attnlib.decoder import LlamaBlock, LlamaDecoder, SwiGLU
 from attnlib.variants.hf_attention import ATTENTION_CONVERTERS
 
-__all__ = ["MODEL_LAYOUTS", "decoder_from_hf"]
+__all__ = ["MODEL_LAYOUTS", "assemble_decoder", "decoder_from_hf"]
 
 _ACTIVATIONS = {"silu": F.silu, "gelu_pytorch_tanh": lambda x: F.gelu(x, approximate="tanh")}
 
@@ -71,10 +71,19 @@ def decoder_from_hf(model: nn.Module, layout: str, *, norm_offset: float = 0.0, 
         blocks.append(LlamaBlock(c.hidden_size, c.num_attention_heads, c.num_key_value_heads, c.intermediate_size,
                                  layer_idx=i, rotary=None, eps=c.rms_norm_eps, attention_bias=False, mlp_bias=False,
                                  attn=convert(layer.self_attn, rotaries), mlp=_mlp(layer, c), norms=spec["norms"]))
+    return assemble_decoder(model, blocks, spec["names"], norm_offset=norm_offset, embed_scale=embed_scale,
+                            logit_softcap=logit_softcap)
+
+
+def assemble_decoder(model: nn.Module, blocks: list[LlamaBlock], norm_names: dict[str, str], *,
+                     norm_offset: float = 0.0, **options: Any) -> LlamaDecoder:
+    """A LlamaDecoder around `blocks`, with model's embeddings, final norm and head copied, and each block's norms
+    copied from its transformers layer as norm_names says (ours -> theirs), + norm_offset. options go to LlamaDecoder."""
+    c, inner = model.config, model.model
     tied = model.lm_head.weight is inner.embed_tokens.weight or bool(getattr(c, "tie_word_embeddings", False))
     ours = LlamaDecoder(c.vocab_size, c.hidden_size, len(blocks), c.num_attention_heads, c.num_key_value_heads,
                         c.intermediate_size, max_position_embeddings=c.max_position_embeddings, eps=c.rms_norm_eps,
-                        tie_word_embeddings=tied, blocks=blocks, embed_scale=embed_scale, logit_softcap=logit_softcap)
+                        tie_word_embeddings=tied, blocks=blocks, **options)
     weight = inner.embed_tokens.weight
     ours.to(device=weight.device, dtype=weight.dtype)
     with torch.no_grad():
@@ -83,7 +92,7 @@ def decoder_from_hf(model: nn.Module, layout: str, *, norm_offset: float = 0.0, 
         if not tied:
             ours.lm_head.weight.copy_(model.lm_head.weight)
         for block, layer in zip(ours.blocks, inner.layers):
-            for mine, theirs in spec["names"].items():
+            for mine, theirs in norm_names.items():
                 getattr(block, mine).weight.copy_(getattr(layer, theirs).weight + norm_offset)
     return ours.eval()
 
