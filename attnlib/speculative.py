@@ -44,7 +44,7 @@ class SpeculativeStats:
 
     @property
     def acceptance_rate(self) -> float:
-        """Accepted draft tokens / checked ones: the chance a checked draft is kept, Leviathan et al.'s alpha."""
+        """The chance that a checked draft is kept (accepted / checked draft tokens), Leviathan et al.'s alpha."""
         return self.accepted / self.checked if self.checked else 0.0
 
     @property
