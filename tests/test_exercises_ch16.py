@@ -229,3 +229,17 @@ def test_a_hang_is_stopped():
     with limited_to(0.5):
         for check in (check_accept_count, check_residual, check_admit):
             assert_names(check(hang), "did not return")
+
+
+class _AnyInt(int):
+    """A hostile answer: an int that claims to equal everything."""
+    def __eq__(self, other):
+        return True
+
+    __hash__ = int.__hash__
+
+
+def test_an_int_that_equals_everything_does_not_pass():
+    assert not check_accept_count(lambda p, q, drafts, u: _AnyInt(0)).passed
+    assert not check_admit(lambda w, r, n, m, b, s: _AnyInt(0)).passed
+    assert not check_admit(lambda w, r, n, m, b, s: [_AnyInt(0)] * len(w)).passed

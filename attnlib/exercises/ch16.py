@@ -28,7 +28,7 @@ def _as_count(got: object, what: str) -> int:
         got = int(got.item())
     if isinstance(got, bool) or not isinstance(got, int):
         raise CandidateError(f"{what} should return a count (an int), got {type(got).__name__}")
-    return got
+    return int.__index__(got)                         # a plain int: an int subclass's own __eq__ is not trusted
 
 
 def _first_wrong(got: list[int], want: list[int], calls: list[str]) -> str:
@@ -136,13 +136,14 @@ def _admitted(got: object, waiting: list, what: str) -> int:
     if isinstance(got, (list, tuple)):
         items = list(got)
         if items and all(isinstance(x, (tuple, list)) for x in items):       # the requests themselves
-            if [tuple(x) for x in items] == [tuple(w) for w in waiting[:len(items)]]:
+            if [tuple(_as_count(v, what) for v in x) for x in items] == [tuple(w) for w in waiting[:len(items)]]:
                 return len(items)
             raise CandidateError(f"{what} admitted {items}, not the first {len(items)} waiting requests in order: "
                                  f"first come, first served stops at the first that does not fit")
         if not all(isinstance(x, int) and not isinstance(x, bool) for x in items):
             raise CandidateError(f"{what} should return how many requests join (an int), their indices, or the "
                                  f"requests themselves, got {got!r}")
+        items = [_as_count(x, what) for x in items]                           # plain ints
         if items != list(range(len(items))):
             raise CandidateError(f"{what} admitted requests {items}, not the first ones in order: first come, first "
                                  f"served stops at the first that does not fit (otherwise a long request could wait forever)")
