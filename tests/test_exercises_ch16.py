@@ -243,3 +243,54 @@ def test_an_int_that_equals_everything_does_not_pass():
     assert not check_accept_count(lambda p, q, drafts, u: _AnyInt(0)).passed
     assert not check_admit(lambda w, r, n, m, b, s: _AnyInt(0)).passed
     assert not check_admit(lambda w, r, n, m, b, s: [_AnyInt(0)] * len(w)).passed
+
+
+@pytest.mark.parametrize("buggy, phrases", [
+    (lambda p, q, d, u: next((i + 1 for i, x in enumerate(d.tolist()) if not u[i] * q[i, x] < p[i, x]), len(d)),
+     ["rejected draft counted"]),
+    (lambda p, q, d, u: next((i for i, x in enumerate(d.tolist()) if not u[i] * q[i, x] <= p[i, x]), len(d)),
+     ["u <= p(x) / q(x)"]),
+    (lambda p, q, d, u: next((i for i, x in enumerate(d.tolist()) if int(p[i].argmax()) != x), len(d)),
+     ["greedy rule"]),
+    (lambda p, q, d, u: next((i for i, x in enumerate(d.tolist()) if not u[i] < torch.log(p[i, x] / q[i, x])), len(d)),
+     ["log p(x) - log q(x)"]),
+])
+def test_accept_count_names_more_mistakes(buggy, phrases):
+    assert_names(check_accept_count(buggy), *phrases)
+
+
+@pytest.mark.parametrize("buggy, phrases", [
+    (lambda p, q: (p - q).clamp(min=0) / (p - q).clamp(min=0).sum(), ["every element at once"]),
+    (lambda p, q: (p - q).softmax(-1), ["softmax(p - q)"]),
+    (lambda p, q: torch.minimum(p, q) / torch.minimum(p, q).sum(-1, keepdim=True), ["min(p, q) renormalised"]),
+])
+def test_residual_names_more_mistakes(buggy, phrases):
+    assert_names(check_residual(buggy), *phrases)
+
+
+@pytest.mark.parametrize("buggy, phrases", [
+    (_admit(), []),
+])
+def test_admit_book_variant_passes(buggy, phrases):
+    assert check_admit(buggy).passed
+
+
+def test_admit_names_more_mistakes():
+    def gt(waiting, reserved, running, max_batch_size, max_blocks, block_size):
+        joined = 0
+        for T, n in waiting:
+            need = math.ceil((T + n - 1) / block_size)
+            if running + joined > max_batch_size or reserved + need > max_blocks:
+                break
+            reserved, joined = reserved + need, joined + 1
+        return joined
+
+    def no_accumulate(waiting, reserved, running, max_batch_size, max_blocks, block_size):
+        joined = 0
+        for T, n in waiting:
+            if running + joined >= max_batch_size or reserved + math.ceil((T + n - 1) / block_size) > max_blocks:
+                break
+            joined += 1
+        return joined
+    assert_names(check_admit(gt), "running + joined > max_batch_size")
+    assert_names(check_admit(no_accumulate), "not added to reserved")

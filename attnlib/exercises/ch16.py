@@ -60,6 +60,11 @@ def _accept_cases() -> list[tuple[torch.Tensor, ...]]:
         ratio = p[:k].gather(-1, drafts[:, None])[:, 0] / q.gather(-1, drafts[:, None])[:, 0]
         u = torch.where((u - ratio).abs() < 1e-6, (u + 0.5) % 1, u)
         cases.append((p, q, drafts, u))
+    p, q, drafts, u = (t.clone() for t in cases[1])                 # a draft the target never picks, u = 0
+    p[0, drafts[0]] = 0.0
+    p[0] /= p[0].sum()
+    u[0] = 0.0
+    cases.append((p, q, drafts, u))
     return cases
 
 

@@ -3,18 +3,22 @@ attnlib.exercises.ch16 to name."""
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 __all__ = ["count_rule", "accept_mistakes", "residual_mistakes", "admit_rule", "admit_mistakes"]
 
 
 def count_rule(p: torch.Tensor, q: torch.Tensor, drafts: torch.Tensor, u: torch.Tensor, *, ratio=None,
-               shift: int = 0, stop: bool = True, plus: int = 0) -> int:
+               shift: int = 0, stop: bool = True, plus: int = 0, rejected_too: bool = False) -> int:
     """Drafts accepted under a rule: draft i passes when ratio(p_i(x_i), q_i(x_i), u_i) (default u < p / q)."""
     k = len(drafts)
     rule = ratio or (lambda px, qx, ui: ui * qx < px)
     passed = [bool(rule(float(p[i + shift, drafts[i]]), float(q[i, drafts[i]]), float(u[i]))) for i in range(k)]
     n = next((i for i, ok in enumerate(passed) if not ok), k) if stop else sum(passed)
+    if rejected_too and n < k:
+        return n + 1
     return n + (plus if n == k or plus < 0 else 0)
 
 
@@ -36,7 +40,20 @@ def accept_mistakes(cases: list[tuple]) -> dict[str, list[int]]:
         "p[i], not p[i + 1]": over(shift=1),
         "the bonus token counted: when all k drafts pass, return k (the token drawn from p_{k+1} comes after them)":
             over(plus=1),
+        "the rejected draft counted: at the first rejection i, i drafts were accepted, not i + 1": over(rejected_too=True),
+        "u <= p(x) / q(x): a draft the target gives probability 0 is accepted when u = 0; use <":
+            over(ratio=lambda px, qx, u: u * qx <= px),
+        "the greedy rule (a draft kept when it is the target's argmax) used for sampling: a sampled draft is kept "
+        "with probability min(1, p(x) / q(x))": [count_rule(*case, ratio=_argmax_rule(case[0], case[2])) for case in cases],
+        "u compared with log p(x) - log q(x): the ratio is p(x) / q(x), not its logarithm":
+            over(ratio=lambda px, qx, u: px > 0 and u < math.log(px) - math.log(qx)),
     }
+
+
+def _argmax_rule(p: torch.Tensor, drafts: torch.Tensor):
+    """A ratio rule that passes draft i when it is p_i's argmax (it finds i by matching p_i(x_i))."""
+    best = {round(float(p[i, x]), 15): int(p[i].argmax()) == int(x) for i, x in enumerate(drafts.tolist())}
+    return lambda px, qx, u: best.get(round(px, 15), False)
 
 
 def residual_mistakes(p: torch.Tensor, q: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -53,24 +70,30 @@ def residual_mistakes(p: torch.Tensor, q: torch.Tensor) -> dict[str, torch.Tenso
         "p with the drafted tokens removed, renormalised: right only for a point-mass draft; a sampled draft's "
         "residual is max(0, p - q)": norm(p * (q == 0)),
         "p renormalised: on a rejection, drawing from p again counts the mass min(p, q) twice": norm(p),
+        "normalised over every element at once (r / r.sum()), not each row over the last dimension": plus / plus.sum(),
+        "softmax(p - q): p and q are probabilities, not logits; take max(0, p - q) and divide by its sum":
+            (p - q).softmax(-1),
+        "min(p, q) renormalised: that is the mass a draft is accepted with; the residual is max(0, p - q)": norm(torch.minimum(p, q)),
     }
 
 
 def admit_rule(waiting: list[tuple[int, int]], reserved: int, running: int, max_batch_size: int,
                max_blocks: int, block_size: int, *, need=None, batch: bool = True, count_running: bool = True,
-               count_reserved: bool = True, strict: bool = False, skip: bool = False) -> int:
+               count_reserved: bool = True, strict: bool = False, skip: bool = False, batch_gt: bool = False,
+               accumulate: bool = True) -> int:
     """How many waiting requests join under a rule (default: the book's)."""
     need = need or (lambda T, n: -(-(T + n - 1) // block_size))
     joined = 0
     used = reserved if count_reserved else 0
     for T, n in waiting:
-        full = batch and (running if count_running else 0) + joined >= max_batch_size
+        size = (running if count_running else 0) + joined
+        full = batch and (size > max_batch_size if batch_gt else size >= max_batch_size)
         fits = used + need(T, n) < max_blocks if strict else used + need(T, n) <= max_blocks
         if full or not fits:
             if skip and not full:
                 continue
             break
-        used, joined = used + need(T, n), joined + 1
+        used, joined = used + (need(T, n) if accumulate else 0), joined + 1
     return joined
 
 
@@ -93,6 +116,10 @@ def admit_mistakes(cases: list[tuple]) -> dict[str, list[int]]:
         "the running requests' reserved blocks left out of the budget": over(count_reserved=False),
         "the budget as a strict bound: a request that fills the pool exactly (reserved + need = max_blocks) fits":
             over(strict=True),
+        "running + joined > max_batch_size: one request past the batch size is admitted; stop when it reaches "
+        "max_batch_size (>=)": over(batch_gt=True),
+        "the admitted requests' blocks not added to reserved while admitting: each request is checked against the "
+        "pool alone, and together they overflow it": over(accumulate=False),
         "a request that does not fit skipped over and later ones admitted: first come, first served stops at the "
         "first that does not fit (otherwise a long request could wait forever)": over(skip=True),
     }
