@@ -9,11 +9,11 @@ a request that has finished leaves at once, its KV blocks back in the pool, and 
 Admission (first come, first served): a waiting request joins while the batch has fewer than
 max_batch_size requests and the pool can hold it at its longest beside the running requests at theirs:
 sum of ceil((prompt + max_new - 1) / block_size) <= max_blocks. So no request is ever preempted,
-while blocks are still taken only as sequences grow (what the pool's occupancy shows). A joining
-request's prefill runs as its own forward (batch of one, the whole prompt), which gives its first
-token; from then on it decodes with the batch. Greedy decoding: each output equals generate's alone
-(a batched, padded forward computes the same logits up to float rounding, so only a near tie between
-two tokens could part them).
+while blocks are still taken only as sequences grow (what the pool's occupancy shows). The requests
+that join in one iteration are prefilled together, in one forward over their prompts left-padded to
+the longest, which gives each its first token; from then on each decodes with the batch. Greedy
+decoding: each output equals generate's alone (a batched, padded forward computes the same logits up
+to float rounding, so only a near tie between two tokens could part them).
 """
 
 from __future__ import annotations
@@ -83,6 +83,16 @@ def _check(decoder: torch.nn.Module, prompts: object, max_new_tokens: object, ma
     return counts
 
 
+def _prefill(decoder: torch.nn.Module, cache: PagedKVCache, seqs: list[int], prompts: list[torch.Tensor]) -> list[int]:
+    """Prefill new sequences with their prompts in one forward (left-padded to the longest): the greedy
+    first token of each."""
+    T = max(len(p) for p in prompts)
+    ids = torch.stack([torch.cat((p.new_zeros(T - len(p)), p)).long() for p in prompts])  # (J, T) left-padded
+    batch = cache.batch(seqs, [len(p) for p in prompts])
+    logits = forward_logits(decoder, ids, batch, True, attention_mask=batch.attention_mask(T))  # (J, 1 or T, V)
+    return logits[:, -1].argmax(dim=-1).tolist()
+
+
 @torch.inference_mode()
 def serve(decoder: torch.nn.Module, prompts: Sequence[torch.Tensor], max_new_tokens: int | Sequence[int], *,
           max_batch_size: int = 8, block_size: int = 16, eos_token_id: int | Sequence[int] | None = None,
@@ -118,11 +128,15 @@ def serve(decoder: torch.nn.Module, prompts: Sequence[torch.Tensor], max_new_tok
             reserved -= needs[r]
 
     while waiting or running:
+        joining = []
         while waiting and len(running) < max_batch_size and reserved + needs[waiting[0]] <= max_blocks:
-            r = waiting.popleft()                                 # joins: its prefill alone gives its first token
+            r = waiting.popleft()
             running[r], reserved, stats.joined[r] = cache.add_sequence(), reserved + needs[r], len(stats.batches)
-            logits = forward_logits(decoder, prompts[r][None], cache.batch([running[r]]), True)  # (1, 1 or T, V)
-            emit(r, int(logits[0, -1].argmax()))
+            joining.append(r)
+        if joining:                                               # their prefills in one forward: first tokens
+            for r, token in zip(joining, _prefill(decoder, cache, [running[r] for r in joining],
+                                                  [prompts[r] for r in joining])):
+                emit(r, token)
         if not running:
             continue
         batch_ids = list(running)                                 # one forward, one new token per request

@@ -34,16 +34,18 @@ __all__ = ["speculative_generate", "accept_reject", "SpeculativeStats"]
 
 @dataclass
 class SpeculativeStats:
-    """What a speculative_generate run did: target forwards, draft tokens proposed and accepted."""
+    """What a speculative_generate run did: target forwards, draft tokens proposed, checked and accepted
+    (a draft after a rejected one is proposed but never checked)."""
     target_calls: int = 0
     drafted: int = 0
+    checked: int = 0
     accepted: int = 0
     new_tokens: int = 0
 
     @property
     def acceptance_rate(self) -> float:
-        """Accepted draft tokens / drafted ones."""
-        return self.accepted / self.drafted if self.drafted else 0.0
+        """The chance that a checked draft is kept (accepted / checked draft tokens), Leviathan et al.'s alpha."""
+        return self.accepted / self.checked if self.checked else 0.0
 
     @property
     def tokens_per_call(self) -> float:
@@ -150,5 +152,6 @@ def speculative_generate(target: torch.nn.Module, draft: torch.nn.Module | Promp
         cache.crop(L - 1)
         drafter.rollback(L - 1)
         stats.target_calls, stats.drafted = stats.target_calls + 1, stats.drafted + k
+        stats.checked += min(accepted + 1, k)                 # up to the first rejection, itself included
         stats.accepted, stats.new_tokens = stats.accepted + accepted, stats.new_tokens + len(new)
     return out[:, :L]

@@ -270,3 +270,14 @@ def test_bad_arguments_are_named(models):
         speculative_generate(target, models["small"], x, 5, temperature=0.5)
     with pytest.raises(TypeError, match="draft"):
         speculative_generate(target, "lookup", x, 5)
+
+
+def test_acceptance_rate_counts_only_checked_drafts(models):
+    """A draft after a rejected one is never checked: alpha = accepted / checked, as Leviathan et al. define it.
+    The target as its own draft: every draft checked and accepted. The contrarian: one checked per round, none kept."""
+    target, x = models["target"], prompt()
+    same, contrary = SpeculativeStats(), SpeculativeStats()
+    speculative_generate(target, target, x, 20, num_draft_tokens=4, stats=same)
+    speculative_generate(target, Contrarian(target), x, 20, num_draft_tokens=4, stats=contrary)
+    assert same.acceptance_rate == 1.0 and same.checked == same.drafted == same.accepted
+    assert contrary.acceptance_rate == 0.0 and contrary.checked == contrary.target_calls - 1 < contrary.drafted

@@ -54,7 +54,7 @@ NAMES = _cited_authors() | {
     "Gemma",  # a model family (chapter 13: Gemma 2 alternates windowed and global layers)
     "Ulysses", "DeepSpeed",  # DeepSpeed-Ulysses (chapter 17; its authors are in references.bib)
     "Gated", "DeltaNet", "Kimi", "Linear",  # layer and model names: Gated DeltaNet, Kimi Linear (chapter 15)
-    "Leviathan", "Chen", "Saxena", "Qiu", "Ye", "Peng", "Yu",  # authors that attnlib's docstrings cite (API page)
+    "Leviathan", "Chen", "Saxena", "Qiu", "Ye", "Peng", "Yu", "Orca", "Pearson",  # authors that attnlib's docstrings cite (API page)
     "Intel", "Hub",  # Intel's MKL (chapter 12), the Hugging Face Hub
     "Scout",  # Llama 4 Scout, a model (chapter 14)
     "True", "False", "None",  # Python's constants, written as in code

@@ -155,9 +155,10 @@ class PagedKVCache(LayeredCache):
         """Positions sequence `seq` holds."""
         return self._lengths[self._seq(seq)]
 
-    def batch(self, seqs: list[int]) -> PagedBatch:
-        """The sequences `seqs` as one batch for a decoder's cache argument (see PagedBatch)."""
-        return PagedBatch(self, [self._seq(s) for s in seqs])
+    def batch(self, seqs: list[int], new_lengths: list[int] | None = None) -> PagedBatch:
+        """The sequences `seqs` as one batch for a decoder's cache argument (see PagedBatch; new_lengths:
+        each row's real new tokens when they differ, left-padded)."""
+        return PagedBatch(self, [self._seq(s) for s in seqs], new_lengths)
 
     def _seq(self, seq: int) -> int:
         if seq not in self._blocks:
