@@ -84,6 +84,14 @@ def test_every_message_is_translated_and_not_fuzzy(path):
 
 
 @pytest.mark.parametrize("path", CATALOGUES, ids=_name)
+def test_a_numbered_title_stays_a_title(path):
+    """A message is parsed as Markdown again: "16. 推理服务" would become a numbered list, and the heading's text would
+    vanish from the page title and the navigation; the number's dot must be escaped ("16\\. ...")."""
+    lists = [m.string[:40] for m in _messages(path) if m.string and re.match(r"\d+\. ", m.string)]
+    assert not lists, f"{_name(path)}: translations that Markdown reads as a numbered list: {lists}"
+
+
+@pytest.mark.parametrize("path", CATALOGUES, ids=_name)
 def test_translations_keep_code_math_links_and_references(path):
     problems = []
     for m in _messages(path):
