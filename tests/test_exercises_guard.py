@@ -135,3 +135,14 @@ def test_a_new_tensor_method_of_the_readers_own_name_is_left_alone():
         assert check_sliding_window_mask(_window).passed and torch.Tensor.my_window
     finally:
         del torch.Tensor.my_window
+
+
+def test_set_default_dtype_is_named_as_itself_not_as_a_replaced_torch_storage():
+    def answer(x):
+        torch.set_default_dtype(torch.float64)
+        return x
+    with pytest.raises(CandidateError) as info:
+        run(answer, torch.ones(2), what="answer(x)")
+    message = str(info.value)
+    assert "torch.set_default_dtype(torch.float64)" in message and "Storage" not in message, message
+    assert torch.get_default_dtype() == torch.float32 and torch.Storage is torch.FloatStorage
