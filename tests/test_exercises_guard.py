@@ -4,6 +4,7 @@ the process is undone and named, the notebook's kernel surviving it."""
 
 from __future__ import annotations
 
+import re
 import sys
 import textwrap
 
@@ -124,8 +125,9 @@ def test_an_answer_that_ends_the_process_is_stopped_and_named(call):
     scope = {"os": os, "signal": signal}
     exec(f"def answer(T, window):\n    {call}\n", scope)
     result = check_sliding_window_mask(scope["answer"])  # this test process survives
-    shown = call.replace("os.getpid()", str(os.getpid()))
-    assert not result.passed and f"called {shown}" in result.message and "ends the whole process" in result.message
+    shown = re.escape(call).replace(r"os\.getpid\(\)", r"\d+")  # the pid of the process the check ran in
+    assert not result.passed and re.search(f"called {shown}", result.message) and "ends the whole process" in \
+        result.message, result.message
     assert all(f.__module__ in ("posix", "_signal") for f in (os._exit, os.abort, os.kill, signal.raise_signal))
 
 

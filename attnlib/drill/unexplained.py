@@ -13,20 +13,14 @@ from attnlib.drill.differ import differences
 from attnlib.drill.layers import Layers
 from attnlib.drill.variants import Case, Variant, simulate
 from attnlib.exercises._core import CandidateError, matching
+from attnlib.exercises._describe import fitted
 
 __all__ = ["fitted_scale", "what_differs"]
 
 
 def fitted_scale(layers: Layers, x, case: Case, out: torch.Tensor) -> float | None:
-    """The factor on Q Kᵀ that reproduces out, if one does (found on a log grid, then refined)."""
-    err = lambda c: float((simulate(layers, H, x, case, Variant(scale=c))[0][0] - out).abs().max())  # noqa: E731
-    best = min((10 ** (k / 20) for k in range(-80, 41)), key=err)
-    lo, hi = best / 10 ** 0.05, best * 10 ** 0.05
-    for _ in range(40):  # golden-section search on [lo, hi]
-        a, b = hi - (hi - lo) / 1.618, lo + (hi - lo) / 1.618
-        lo, hi = (lo, b) if err(a) < err(b) else (a, hi)
-    c = (lo + hi) / 2
-    return c if matching(out, {"": simulate(layers, H, x, case, Variant(scale=c))[0][0]}, atol=1e-4) else None
+    """The factor on Q Kᵀ that reproduces out, if one does (_describe.fitted)."""
+    return fitted(lambda c: simulate(layers, H, x, case, Variant(scale=c))[0][0], out, 1e-4, 1e2)
 
 
 def _merged(layers: Layers, out: torch.Tensor) -> torch.Tensor:

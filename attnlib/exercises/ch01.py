@@ -68,6 +68,10 @@ def reject_shape_mistakes(got: object, what: str, shape_mistakes: dict[str, torc
     return got
 
 
+_TEMPERATURE = ("the scores multiplied by {c:.4g} (divided by {inv:.4g}, a temperature?) before the softmax: "
+                "softmax(x) takes x as it is")
+
+
 def _softmax_stage(fn: Callable, x: torch.Tensor, mistakes: dict[str, torch.Tensor]) -> None:
     what = f"stable_softmax(x) on x of shape {tuple(x.shape)}"
     square = torch.randn(4, 4)
@@ -75,7 +79,8 @@ def _softmax_stage(fn: Callable, x: torch.Tensor, mistakes: dict[str, torch.Tens
     no_keepdim = {f"the max taken {_NO_KEEPDIM}": e / e.sum(dim=-1, keepdim=True),
                   f"the max and the sum taken {_NO_KEEPDIM}": e / e.sum(dim=-1)}
     got = as_tensor(run_or_explain(fn, (x.clone(),), what, (square,), no_keepdim), what, shape=x.shape)
-    expect_close(got, softmax(x, dim=-1), what, mistakes=mistakes)
+    expect_close(got, softmax(x, dim=-1), what, mistakes=mistakes,
+                 families={_TEMPERATURE: (lambda c: softmax(c * x, dim=-1), 1e-2, 1e2)})
 
 
 @checker("stable softmax")
@@ -90,10 +95,14 @@ def check_stable_softmax(fn: Callable[[torch.Tensor], torch.Tensor]) -> str:
         "no normalization: exp(x) is never divided by its sum": torch.exp(x),
         "a normalization over the whole tensor instead of over each row": e / e.sum(),
     })
-    big = torch.tensor([[1000.0, 1001.0, 1002.0], [-1000.0, -1001.0, -1002.0], [1.0, 2.0, 3.0], [-60.0, 0.0, 60.0]])
+    big = torch.tensor([[1000.0, 1001.0, 1002.0], [-1000.0, -1001.0, -1002.0], [1.0, 2.0, 3.0], [-60.0, 0.0, 60.0],
+                        [-100.0, 0.0, 100.0]])
     naive, shifted = torch.exp(big), torch.exp(big - big.max())
-    from_min = torch.exp(big - big.amin(dim=-1, keepdim=True))  # the last row spans 120 > 88: exp overflows
+    from_min = torch.exp(big - big.amin(dim=-1, keepdim=True))  # the last rows span 120 and 200 > 88: exp overflows
+    from_mean = torch.exp(big - big.mean(dim=-1, keepdim=True))  # the last row's max is 100 > 88 above its mean
     _softmax_stage(fn, big, {
+        "the row's mean subtracted instead of its largest score: exp(x - mean) overflows once the max is more than "
+        "about 88 above the mean (here [-100, 0, 100])": from_mean / from_mean.sum(-1, keepdim=True),
         _NAIVE: naive / naive.sum(-1, keepdim=True),
         "one max for the whole tensor (x.max()) instead of each row's max: rows far below it "
         "underflow to 0 / 0": shifted / shifted.sum(-1, keepdim=True),
@@ -146,7 +155,14 @@ def check_attention_einsum(fn: Callable[..., torch.Tensor]) -> str:
         split.reshape(B, T, H, Dv)
     mistakes["the output put back with reshape/view instead of transpose, which scrambles tokens and "
              "heads"] = out.reshape(B, T, H, Dv)
-    expect_close(got, out.transpose(1, 2), what, mistakes=mistakes)
+    mistakes["the scores summed over the heads (h left out of the einsum's output subscripts, 'bthd,bshd->bts'): "
+             "each head needs its own (T, S) scores"] = \
+        (softmax((qh @ kh.mT).sum(1, keepdim=True) / math.sqrt(Dh), dim=-1) @ vh).transpose(1, 2)
+    scaled = {f"the scores multiplied by {{c:.4g}} (divided by {{inv:.4g}}) instead of divided by sqrt(Dh) = "
+              f"sqrt({Dh}) = {math.sqrt(Dh):.4g}": (lambda c: attention(qh, kh, vh, scale=c)[0].transpose(1, 2),
+                                                  1e-3, 1e2)}
+    expect_close(got, out.transpose(1, 2), what, mistakes=mistakes, families=scaled,
+                 axes=("batch", "query", "head", "feature"))
     return "equals attnlib.attention on (B, T, H, Dh) inputs with T, S, Dh and Dv all different"
 
 

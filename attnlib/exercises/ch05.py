@@ -59,7 +59,10 @@ def check_sinusoidal(fn: Callable[[int, int], torch.Tensor]) -> str:
     }
     for base in (100.0, 1000.0, 100000.0, 500000.0):
         mistakes[f"the wrong frequency base: {base:g} instead of 10000"] = _sinusoidal_variant(T, D, base=base)
-    expect_close(got, _sinusoidal_variant(T, D), what, mistakes=mistakes)
+    expect_close(got, _sinusoidal_variant(T, D), what, mistakes=mistakes, axes=("position", "dim"), families={
+        "the frequency base {c:.6g} instead of 10000": (lambda c: _sinusoidal_variant(T, D, base=c), 10.0, 1e7),
+        "the exponent {c:.4g}·i/D instead of 2i/D (ω_i = 10000^(-2i/D), i the pair's index)":
+            (lambda c: _sinusoidal_variant(T, D, exponent=-c), 0.1, 10.0)})
     return f"equals the encoding of Vaswani et al. for T={T}, D={D}"
 
 
@@ -114,7 +117,11 @@ def check_rope(fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -> str:
     x, pos = torch.randn(B, H, T, Dh), torch.arange(3, 3 + T)  # positions that do not start at 0
     what = f"rope(x, positions) with x {(B, H, T, Dh)} and positions {pos.tolist()}"
     got = result_tensor(run(fn, x.clone(), pos.clone(), what=what), what, (B, H, T, Dh), "(B, H, T, Dh)")
-    expect_close(got, rope_variant(x, pos), what, mistakes=_rope_mistakes(x, pos), atol=1e-5)
+    expect_close(got, rope_variant(x, pos), what, mistakes=_rope_mistakes(x, pos), atol=1e-5,
+                 axes=("batch", "head", "position", "feature"), families={
+        "each position multiplied by {c:.4g} (linear RoPE scaling, position interpolation?): this exercise rotates "
+        "by the positions as given": (lambda c: rope_variant(x, pos * c), 0.05, 20.0),
+        "the frequency base {c:.6g} instead of 10000": (lambda c: rope_variant(x, pos, base=c), 10.0, 1e7)})
     return "equals attnlib's RotaryEmbedding (transformers' Llama layout) at positions 3 to 7"
 
 
