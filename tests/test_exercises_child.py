@@ -70,3 +70,10 @@ def test_in_child_returns_raises_and_reports_an_exit():
         in_child(lambda: {}["missing"], 5.0)
     with pytest.raises(ChildLost, match="exited with status 3"):
         in_child(lambda: os._exit(3), 5.0)
+
+
+def test_a_keyboard_interrupt_in_the_answer_still_interrupts_the_caller():
+    def softmax(x, dim=-1):
+        raise KeyboardInterrupt
+    with pytest.raises(KeyboardInterrupt):
+        check_stable_softmax(softmax)

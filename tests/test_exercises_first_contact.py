@@ -329,6 +329,58 @@ def q8(x):
     s = x.abs().amax(-1, keepdim=True).clamp_min(1e-12) / 127
     return (x / s).round().clamp(-127, 127).to(torch.int8), s
 
+# ---- round 1 of the outside adversary: the mistakes it found unnamed, in answers of our own
+
+
+@bad("check_stable_softmax", "your guard against 0 / 0 returns them as zeros")
+def softmax_one_max(x):
+    e = torch.exp(x - x[torch.isfinite(x)].max())
+    total = e.sum(-1, keepdim=True)
+    return e / torch.where(total > 0, total, torch.ones_like(total))
+
+
+@bad("check_mha_param_count", "one bias missing, W_q's or W_o's")
+def params_no_o_bias(d_model, num_heads, num_kv_heads, bias):
+    kv = num_kv_heads * (d_model // num_heads)
+    return 2 * d_model * (d_model + kv) + (d_model + 2 * kv if bias else 0)
+
+
+@bad("check_induction_score", "the first copy's queries")
+def induction_first_copy(weights, period):
+    T = weights.shape[-1]
+    first = torch.arange(T - 2 * period, T - period)
+    return weights[:, first, first - period + 1].mean(-1)
+
+
+@bad("check_padding_causal_mask", "torch.triu where torch.tril belongs")
+def padding_causal_triu(attention_mask):
+    T = attention_mask.shape[1]
+    return torch.ones(T, T, dtype=torch.bool).triu() & attention_mask.bool()[:, None, None, :]
+
+
+@bad("check_sinusoidal", "the exponent i/D instead of 2i/D (i numbers the sin/cos pairs, and the exponent is 2i/D), or")
+def sinusoidal_i_over_d(T, D):
+    angle = torch.arange(T)[:, None] * 10000 ** (-torch.arange(D // 2) / D)
+    return torch.stack([angle.sin(), angle.cos()], -1).flatten(1)
+
+
+@bad("check_cross_attention", "were applied to x (T = 5 positions) and `value` to context (S = 7)")
+class CrossKeysFromX(torch.nn.Module):
+    def __init__(self, d_model, num_heads):
+        super().__init__()
+        self.h = num_heads
+        self.query, self.key, self.value, self.out = (torch.nn.Linear(d_model, d_model) for _ in range(4))
+
+    def forward(self, x, context=None, mask=None):
+        B, T, D = x.shape
+        c = x if context is None else context
+        split = lambda t: t.unflatten(-1, (self.h, -1)).transpose(1, 2)  # noqa: E731 - (B, H, *, Dh)
+        q, k, v = split(self.query(x)), split(self.key(x)), split(self.value(c))
+        s = q @ k.mT / math.sqrt(D // self.h)
+        s = s if mask is None else s.masked_fill(~mask, float("-inf"))
+        return self.out((s.softmax(-1) @ v).transpose(1, 2).reshape(B, T, D))
+
+
 
 @pytest.mark.parametrize("check, label, answer, phrase", A, ids=[f"{a[0][6:]}-{a[2].__name__}" for a in A])
 def test_first_contact_answer(check, label, answer, phrase):

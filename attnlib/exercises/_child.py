@@ -81,8 +81,8 @@ def _child(work: Callable[[], object], fd: int, beats: int) -> None:
         _settle_child(printed)
         try:
             outcome = ("returned", work())
-        except Exception as exc:  # noqa: BLE001 - sent to the parent, which raises it
-            outcome = ("raised", exc)
+        except BaseException as exc:  # noqa: BLE001 - sent to the parent, which raises it (a KeyboardInterrupt too:
+            outcome = ("raised", exc)  # a Ctrl-C stops the check, whichever process it reached)
         try:
             data = pickle.dumps((outcome, printed.getvalue()[-_PRINTED:]))
         except Exception as exc:  # noqa: BLE001 - an answer that cannot be pickled

@@ -135,6 +135,13 @@ def _mask_facts(got: torch.Tensor, want: torch.Tensor, axes: Sequence[str]) -> l
             facts.append(f"it is {name}(ones({T}, {S}), diagonal={k}): {axes[-2]} i sees {axes[-1]}s j "
                          f"{'<=' if name == 'torch.tril' else '>='} i + ({k})")
             break
+    if T == S and not facts:
+        future = torch.ones(T, T, dtype=torch.bool).triu(1)  # key j > query i
+        seen, allowed = (got & future).any(), (want & future).any()
+        if seen and not allowed:
+            facts.append(f"it lets {axes[-2]} i see {axes[-1]}s j > i, its future, at {int((got & future).sum())} "
+                         f"entries" + (" and hides every j < i: torch.triu where torch.tril belongs" if
+                                       not (got & ~future & ~torch.eye(T, dtype=torch.bool)).any() else ""))
     for shown, where in (("True where it should be False", got & ~want), ("False where it should be True", ~got & want)):
         idx = where.nonzero().tolist()
         if idx:

@@ -16,7 +16,7 @@ import torch
 from attnlib.exercises._describe import differences, fitted
 from attnlib.exercises._runner import CandidateError
 
-__all__ = ["Unexplained", "Family", "as_tensor", "full_precision", "matching", "expect_close"]
+__all__ = ["Unexplained", "Family", "either", "as_tensor", "full_precision", "matching", "expect_close"]
 
 
 class Unexplained(CandidateError):
@@ -60,6 +60,12 @@ def matching(got: torch.Tensor, mistakes: Mapping[str, torch.Tensor], atol: floa
 Family = tuple[Callable[[float], torch.Tensor], float, float]  # produce(c), and the range [lo, hi] of c
 
 
+def either(found: Sequence[str]) -> str:
+    """Mistakes that all give the reader's numbers: one of them was made, not all ('X, or (the same numbers
+    here) Y')."""
+    return ", or (the same numbers here) ".join(found)
+
+
 def _nan_source(got: torch.Tensor, expected: torch.Tensor, mistakes: Mapping[str, torch.Tensor],
                 axes: Sequence[str] | None, atol: float) -> str:
     """Where the NaN is, and the mistake that reproduces every entry that is not NaN, if one does."""
@@ -71,7 +77,7 @@ def _nan_source(got: torch.Tensor, expected: torch.Tensor, mistakes: Mapping[str
              _close(torch.where(fine, got, 0), torch.where(fine, out, 0), atol)]
     if _close(torch.where(fine, got, 0), torch.where(fine, expected, 0), atol):
         return f" {where}; every other entry is right"
-    return f" {where}; the other entries match {' and '.join(found)}" if found else f" {where}"
+    return f" {where}; the other entries match {either(found)}" if found else f" {where}"
 
 
 def _partly(got: torch.Tensor, expected: torch.Tensor, mistakes: Mapping[str, torch.Tensor],
@@ -109,13 +115,13 @@ def expect_close(got: torch.Tensor, expected: torch.Tensor, what: str, *,
     if torch.isnan(got).any() and not torch.isnan(expected).any():
         found = matching(got, mistakes or {}, atol)
         if found:
-            raise CandidateError(f"{what} contains NaN: {' and '.join(found)}")
+            raise CandidateError(f"{what} contains NaN: {either(found)}")
         raise CandidateError(f"{what} contains NaN" + _nan_source(got, expected, mistakes or {}, axes, atol))
     if _close(got, expected, atol):
         return
     found = matching(got, mistakes or {}, atol)
     if found:
-        raise CandidateError(f"{what} is wrong: it matches {' and '.join(found)}")
+        raise CandidateError(f"{what} is wrong: it matches {either(found)}")
     partly = _partly(got, expected, mistakes or {}, axes, atol)
     if partly:
         raise CandidateError(f"{what} is wrong: {partly}")
