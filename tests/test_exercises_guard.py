@@ -148,3 +148,15 @@ def test_set_default_dtype_is_named_as_itself_not_as_a_replaced_torch_storage():
     message = str(info.value)
     assert "torch.set_default_dtype(torch.float64)" in message and "Storage" not in message, message
     assert torch.get_default_dtype() == torch.float32 and torch.Storage is torch.FloatStorage
+
+
+def test_a_replaced_attnlib_reference_is_put_back_and_named():
+    import attnlib
+    original = attnlib.softmax
+
+    def answer(T, window):
+        attnlib.softmax = lambda t, dim=-1: torch.zeros_like(t)
+        return _window(T, window)
+    result = check_sliding_window_mask(answer)
+    assert not result.passed and "attnlib.softmax" in result.message, result.message
+    assert attnlib.softmax is original
