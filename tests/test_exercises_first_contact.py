@@ -382,6 +382,21 @@ class CrossKeysFromX(torch.nn.Module):
 
 
 
+# ---- round 2 of the outside adversary
+
+
+@bad("check_left_pad_positions", "the padding counted instead of the real tokens (the mask inverted), and +1 on top")
+def positions_count_padding(attention_mask):
+    return (1 - attention_mask.long()).cumsum(-1)
+
+
+@bad("check_mha_param_count", "W_o shrunk like W_k and W_v")
+def params_o_shrunk(d_model, num_heads, num_kv_heads, bias):
+    kv = num_kv_heads * (d_model // num_heads)
+    return d_model * d_model + 3 * d_model * kv + (d_model + 3 * kv if bias else 0)
+
+
+
 @pytest.mark.parametrize("check, label, answer, phrase", A, ids=[f"{a[0][6:]}-{a[2].__name__}" for a in A])
 def test_first_contact_answer(check, label, answer, phrase):
     checker = getattr(E, check)

@@ -122,6 +122,10 @@ def expect_close(got: torch.Tensor, expected: torch.Tensor, what: str, *,
     found = matching(got, mistakes or {}, atol)
     if found:
         raise CandidateError(f"{what} is wrong: it matches {either(found)}")
+    for text, out in (mistakes or {}).items():  # a known mistake with an off-by-one on top
+        for k in (1, -1):
+            if out.shape == got.shape and _close(got, out + k, atol):
+                raise CandidateError(f"{what} is wrong: it matches {text}, and {k:+d} on top of that (an off-by-one)")
     partly = _partly(got, expected, mistakes or {}, axes, atol)
     if partly:
         raise CandidateError(f"{what} is wrong: {partly}")
