@@ -49,7 +49,7 @@ def test_causal_accepts_correct_ones(mask):
     (lambda T, S: causal(S, T), ["(S, T) mask"]),
     (lambda T, S: causal(T, S).float(), ["right pattern but dtype torch.float32"]),
     (lambda T, S: torch.zeros(T, S).masked_fill(~causal(T, S), float("-inf")), ["additive float mask"]),
-    (lambda T, S: torch.eye(T, S, dtype=torch.bool), ["matches none of the usual mistakes"]),
+    (lambda T, S: torch.eye(T, S, dtype=torch.bool), ["7 entries are False where it should be True: (query 0, key 1)"]),
     (lambda T, S: 2 * causal(T, S).long(), ["should be a bool mask", "values other than 0 and 1"]),
     (lambda T, S: torch.full((T, S), float("nan")), ["values other than 0 and 1"]),
 ])

@@ -32,7 +32,7 @@ def test_split_heads_accepts_correct_ones(split):
     (lambda x, h: x.view(*x.shape[:2], -1, h).permute(0, 3, 1, 2), ["interleaved heads"]),
     (lambda x, h: x.view(*x.shape[:2], h, -1), ["(B, T, H, Dh)", "not moved before time"]),
     (lambda x, h: x.view(*x.shape[:2], h, -1).permute(0, 2, 3, 1), ["(B, H, Dh, T)", "wrong axes"]),
-    (lambda x, h: good_split(x, h) * 2, ["matches none of the usual mistakes"]),
+    (lambda x, h: good_split(x, h) * 2, ["it is the expected result times 2"]),
     (lambda x, h: good_split(x, h).reshape(-1, x.shape[1], x.shape[2] // h), ["(B·H, T, Dh)", "folded into the batch"]),
     (lambda x, h: good_split(x, h)[:, :, :1], ["has shape (2, 3, 1, 4), expected (B, H, T, Dh) = (2, 3, 5, 4)"]),
     (lambda x, h: x.view(x.shape[0] * h, x.shape[1], -1), ["has shape (6, 5, 4), expected (B, H, T, Dh)"]),

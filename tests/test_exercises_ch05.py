@@ -53,7 +53,7 @@ def test_sinusoidal_stub_crash_and_shape():
     assert_names(check_sinusoidal(lambda T, D: table(T, D).T), "transposed")
     assert_names(check_sinusoidal(lambda T, D: torch.zeros(T, D // 2)), "has shape (40, 12), expected (T, D) = (40, 24)")
     assert_names(check_sinusoidal(lambda T, D: torch.arange(T) / 0 + [1]), "raised TypeError")
-    assert_names(check_sinusoidal(lambda T, D: table(T, D) + 0.1), "matches none of the usual mistakes")
+    assert_names(check_sinusoidal(lambda T, D: table(T, D) + 0.1), "it is the expected result plus 0.1 everywhere")
 
 
 # --- RoPE on a query -----------------------------------------------------------------------------

@@ -169,7 +169,7 @@ def _delta(norm=True, decay="before", predict="decayed", use_beta=True, subtract
     (lambda S, k, v, beta, alpha: delta_book(S, k, v, beta, alpha).mT, ["transpose of the state"]),
     (lambda S, k, v, beta, alpha: delta_book(S, k, v, beta, alpha).half(), ["half precision"]),
     (lambda S, k, v, beta, alpha: delta_book(S, k, v, beta, alpha)[0], ["has shape (3, 5, 4)"]),
-    (lambda S, k, v, beta, alpha: delta_book(S, k, v, beta, alpha) + 1e-3, ["none of the usual mistakes"]),
+    (lambda S, k, v, beta, alpha: delta_book(S, k, v, beta, alpha) + 1e-3, ["it is the expected result plus 0.001 everywhere"]),
     (lambda S, k, v, beta, alpha: S.copy_(delta_book(S, k, v, beta, alpha)), ["changed S in place"]),
     (lambda S, k, v, beta, alpha: _delta(norm=False)(S, k / (k * k).sum(-1, keepdim=True), v, beta, alpha),
      ["‖k‖² instead of ‖k‖"]),                                       # held-out answers (issue 36)

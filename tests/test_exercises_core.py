@@ -33,9 +33,14 @@ def test_known_mistake_is_named():
     assert not result.passed and "you added 2 instead of doubling" in result.message
 
 
-def test_unknown_mistake_gives_the_difference():
+def test_an_unknown_mistake_is_described_by_its_structure():
     result = check_double(lambda x: x * 3)
-    assert "max abs difference 3" in result.message and "none of the usual mistakes" in result.message
+    assert "it is the expected result times 1.5" in result.message, result.message
+
+
+def test_an_unknown_mistake_without_structure_gives_the_difference():
+    result = check_double(lambda x: x.exp())
+    assert "max abs difference" in result.message and "none of the usual mistakes" in result.message
 
 
 def test_exception_names_type_and_line_of_reader_code():

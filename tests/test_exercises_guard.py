@@ -4,6 +4,7 @@ the process is undone and named, the notebook's kernel surviving it."""
 
 from __future__ import annotations
 
+import re
 import sys
 import textwrap
 
@@ -124,8 +125,9 @@ def test_an_answer_that_ends_the_process_is_stopped_and_named(call):
     scope = {"os": os, "signal": signal}
     exec(f"def answer(T, window):\n    {call}\n", scope)
     result = check_sliding_window_mask(scope["answer"])  # this test process survives
-    shown = call.replace("os.getpid()", str(os.getpid()))
-    assert not result.passed and f"called {shown}" in result.message and "ends the whole process" in result.message
+    shown = re.escape(call).replace(r"os\.getpid\(\)", r"\d+")  # the pid of the process the check ran in
+    assert not result.passed and re.search(f"called {shown}", result.message) and "ends the whole process" in \
+        result.message, result.message
     assert all(f.__module__ in ("posix", "_signal") for f in (os._exit, os.abort, os.kill, signal.raise_signal))
 
 
@@ -135,3 +137,26 @@ def test_a_new_tensor_method_of_the_readers_own_name_is_left_alone():
         assert check_sliding_window_mask(_window).passed and torch.Tensor.my_window
     finally:
         del torch.Tensor.my_window
+
+
+def test_set_default_dtype_is_named_as_itself_not_as_a_replaced_torch_storage():
+    def answer(x):
+        torch.set_default_dtype(torch.float64)
+        return x
+    with pytest.raises(CandidateError) as info:
+        run(answer, torch.ones(2), what="answer(x)")
+    message = str(info.value)
+    assert "torch.set_default_dtype(torch.float64)" in message and "Storage" not in message, message
+    assert torch.get_default_dtype() == torch.float32 and torch.Storage is torch.FloatStorage
+
+
+def test_a_replaced_attnlib_reference_is_put_back_and_named():
+    import attnlib
+    original = attnlib.softmax
+
+    def answer(T, window):
+        attnlib.softmax = lambda t, dim=-1: torch.zeros_like(t)
+        return _window(T, window)
+    result = check_sliding_window_mask(answer)
+    assert not result.passed and "attnlib.softmax" in result.message, result.message
+    assert attnlib.softmax is original

@@ -27,13 +27,15 @@ from attnlib.exercises._state_text import describe
 __all__ = ["changed_state", "restore_torch", "ExitCalled"]
 
 _WATCHED = {"torch": torch, "torch.nn.functional": F, "torch.Tensor": torch.Tensor, "torch.linalg": torch.linalg,
-            "torch.testing": torch.testing}
+            "torch.testing": torch.testing,  # and attnlib's references, which the checkers compare with
+            **{name: sys.modules[name] for name in ("attnlib", "attnlib.attention", "attnlib.masks", "attnlib.positional")}}
 
 
 def _functions() -> dict[tuple[str, str], object]:
     """(namespace, name) -> the callable, for torch's public functions and torch.Tensor's methods."""
     return {(space, name): value for space, obj in _WATCHED.items() for name, value in vars(obj).items()
-            if callable(value) and (space == "torch.Tensor" or not name.startswith("_"))}
+            if callable(value) and (space == "torch.Tensor" or not name.startswith("_"))
+            and (space, name) != ("torch", "Storage")}  # torch.set_default_dtype rebinds it: named as that
 
 
 _ORIGINAL = _functions()
@@ -154,7 +156,6 @@ def changed_state(what: str) -> Iterator[list[str]]:
         for (module, name), function in zip(_ENDERS, enders):
             setattr(module, name, function)
         torch.manual_seed = torch.random.manual_seed = original
-        replaced = restore_torch(saved)
         dtype, grad, device = _snapshot()
         if dtype != before[0]:
             torch.set_default_dtype(before[0])
@@ -162,4 +163,5 @@ def changed_state(what: str) -> Iterator[list[str]]:
             torch.set_grad_enabled(before[1])
         if device != before[2]:  # None: no default-device mode at all, as before
             torch.set_default_device(None if before[2] == torch.device("cpu") else before[2])
+        replaced = restore_torch(saved)
         found += describe(what, before, (dtype, grad, device), seeded, replaced) + flipped

@@ -60,7 +60,10 @@ def check_attention_entropy(fn: Callable[[torch.Tensor], torch.Tensor]) -> str:
         "log base 2 (bits) instead of the natural log (nats)": expected / math.log(2),
         "the wrong sign: the entropy is -Σ p log p, which is never negative": -expected,
         "a mean over the keys instead of a sum": expected / weights.shape[-1],
-    })
+    }, families={"an epsilon of {c:.2g} added inside the log, -Σ p log(p + ε): it shifts every entropy; write 0 log 0 "
+                 "as 0 instead (torch.special.xlogy(p, p))": (lambda c: -(weights * (weights + c).log()).sum(-1),
+                                                               1e-12, 1.0)},
+       axes=("batch", "query"))
     return "one entropy per row in nats: 0 for a one-hot row, ln S for a uniform one, no NaN where a weight is 0"
 
 
@@ -93,5 +96,10 @@ def check_xavier_std(fn: Callable[[int, int, float], float]) -> str:
         "a missing factor 2: gain · sqrt(1 / (fan_in + fan_out))": gain * (1.0 / fan_sum).sqrt(),
         "the gain ignored": (2.0 / fan_sum).sqrt(),
         "the gain inside the square root: sqrt(gain · 2 / (fan_in + fan_out))": (gain * 2.0 / fan_sum).sqrt(),
+        "the gain squared: gain² · sqrt(2 / (fan_in + fan_out)); the gain multiplies the std once":
+            gain**2 * (2.0 / fan_sum).sqrt(),
+        "the fans multiplied, not added: gain · sqrt(2 / (fan_in · fan_out))": gain * (2.0 / (fan_in * fan_out)).sqrt(),
+        "the mean of the fans in the wrong place: gain · sqrt(1 / (2 (fan_in + fan_out)))":
+            gain * (0.5 / fan_sum).sqrt(),
     })
     return "gain · sqrt(2 / (fan_in + fan_out)) for three layer shapes and gains"

@@ -14,6 +14,8 @@ import torch
 
 from attnlib import masks
 from attnlib.exercises._core import CandidateError, as_tensor, checker, matching, run
+from attnlib.exercises._describe import differences
+from attnlib.exercises._expect import either
 from attnlib.exercises.ch01 import reject_shape_mistakes
 
 __all__ = ["check_causal_mask", "check_hf_to_mask", "check_cross_attention_mask", "check_padding_causal_mask"]
@@ -45,10 +47,9 @@ def _check_mask(got: object, expected: torch.Tensor, what: str, *, mistakes: dic
     if not torch.equal(got.bool(), expected):
         found = matching(got, mistakes, atol=0.0)
         if found:
-            raise CandidateError(f"{what} is wrong: it matches {' and '.join(found)}")
-        wrong = int((got.double() != expected.double()).sum())
-        raise CandidateError(f"{what} is wrong at {wrong} of {expected.numel()} positions, "
-                             f"and it matches none of the usual mistakes")
+            raise CandidateError(f"{what} is wrong: it matches {either(found)}")
+        axes = ("batch", "head", "query", "key")[-expected.dim():]
+        raise CandidateError(f"{what} is wrong: " + "; ".join(differences(got.bool(), expected, axes)))
     if got.dtype != torch.bool:
         raise CandidateError(f"{what} has the right pattern but dtype {got.dtype}: return a bool tensor "
                              f"(True = may attend). SDPA adds a float mask to the scores instead of masking "

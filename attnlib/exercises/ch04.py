@@ -11,6 +11,7 @@ from collections.abc import Callable, Mapping
 import torch
 
 from attnlib.exercises._core import CandidateError, as_tensor, checker, expect_close, full_precision, run
+from attnlib.exercises._expect import either
 from attnlib.exercises.ch01 import reject_shape_mistakes
 from attnlib.exercises.ch04_fused import as_triple, count_products, fused_mistakes
 from attnlib.mha import MultiHeadAttention, merge_heads, split_heads
@@ -106,6 +107,11 @@ def _param_mistakes(d: int, h: int, kv: int, bias: bool) -> dict[str, int]:
         "W_k and W_v counted as D x (H_kv·D) instead of D x (H_kv·Dh)":
             d * (d + 2 * kv * d) + d * d + b * (2 * d + 2 * kv * d),
         "one D x D matrix per head: a head's W_q is D x Dh, not D x D": (h + 2 * kv + 1) * (d * d + b * d),
+        "W_o shrunk like W_k and W_v (H_kv·Dh x D): it maps the H·Dh merged query heads back to D, so it stays "
+        "D x D": d * d + 3 * d * kv * dh + b * (d + 3 * kv * dh),
+        **({f"one bias missing, {name}'s (a count cannot tell which): every projection has one":
+            d * (d + 2 * kv * dh) + d * d + d + 2 * kv * dh + d - n
+            for name, n in (("W_q's or W_o", d), ("W_k's or W_v", kv * dh))} if bias else {}),
     }
 
 
@@ -113,18 +119,26 @@ def _param_mistakes(d: int, h: int, kv: int, bias: bool) -> dict[str, int]:
 def check_mha_param_count(fn: Callable[[int, int, int, bool], int]) -> str:
     """fn(d_model, num_heads, num_kv_heads, bias) = parameters of MultiHeadAttention(d_model, num_heads, num_kv_heads, bias=bias)."""
     cases = [(512, 8, 8, True), (512, 8, 2, True), (96, 4, 1, False), (768, 12, 4, True)]
+    got = {}
     for d, h, kv, bias in cases:
         what = f"param_count(d_model={d}, num_heads={h}, num_kv_heads={kv}, bias={bias})"
-        got = run(fn, d, h, kv, bias, what=what)
-        if isinstance(got, torch.Tensor) and got.numel() == 1:
-            got = got.item()
-        if not isinstance(got, numbers.Real) or isinstance(got, bool) or got != int(got):
-            raise CandidateError(f"{what} should return a whole number, got {got!r}")
-        want = sum(p.numel() for p in MultiHeadAttention(d, h, kv, bias=bias).parameters())
-        if got != want:
-            found = [name for name, n in _param_mistakes(d, h, kv, bias).items() if n == got]
-            reason = f": it matches {' and '.join(found)}" if found else ", and it matches none of the usual mistakes"
-            raise CandidateError(f"{what} returned {int(got):,}, expected {want:,}{reason}")
+        n = run(fn, d, h, kv, bias, what=what)
+        if isinstance(n, torch.Tensor) and n.numel() == 1:
+            n = n.item()
+        if not isinstance(n, numbers.Real) or isinstance(n, bool) or n != int(n):
+            raise CandidateError(f"{what} should return a whole number, got {n!r}")
+        got[d, h, kv, bias] = int(n)
+    want = {c: sum(p.numel() for p in MultiHeadAttention(*c[:3], bias=c[3]).parameters()) for c in cases}
+    wrong = [c for c in cases if got[c] != want[c]]
+    if wrong:  # the mistakes that fit the first wrong case, narrowed to those that fit every case (MHA cannot
+        # tell W_q's bias from W_k's: GQA can)
+        fits = [[name for name, n in _param_mistakes(*c).items() if n == got[c]] for c in cases]
+        first = fits[cases.index(wrong[0])]
+        found = [name for name in first if all(name in f or got[c] == want[c] for c, f in zip(cases, fits))] or first
+        d, h, kv, bias = wrong[0]
+        reason = f": it matches {either(found)}" if found else ", and it matches none of the usual mistakes"
+        raise CandidateError(f"param_count(d_model={d}, num_heads={h}, num_kv_heads={kv}, bias={bias}) returned "
+                             f"{got[wrong[0]]:,}, expected {want[wrong[0]]:,}{reason}")
     return "equals the parameter count of attnlib.MultiHeadAttention for MHA, GQA and MQA, with and without biases"
 
 

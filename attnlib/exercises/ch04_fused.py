@@ -8,7 +8,7 @@ from collections.abc import Callable, Iterable, Mapping
 
 import torch
 import torch.nn.functional as F
-from torch.utils._python_dispatch import TorchDispatchMode
+from torch.overrides import TorchFunctionMode
 
 from attnlib.exercises._core import CandidateError, as_tensor, full_precision, run
 from attnlib.mha import split_heads
@@ -75,17 +75,20 @@ def fused_mistakes(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, h:
     }
 
 
-class _CountProducts(TorchDispatchMode):
-    """Counts the matrix products run inside it (torch lowers @, F.linear and einsum to these ops)."""
+class _CountProducts(TorchFunctionMode):
+    """Counts the matrix products the reader's code calls (@, F.linear, einsum, ...: one each, whatever they
+    lower to). A function mode, not a dispatch mode: entering a dispatch mode imports torch._dynamo, seconds
+    on a busy machine, and rebinds torch.manual_seed."""
 
-    OPS = frozenset({"mm", "addmm", "bmm", "baddbmm", "mv", "addmv", "dot", "_addmm_activation"})
+    NAMES = frozenset({"matmul", "__matmul__", "__rmatmul__", "mm", "bmm", "addmm", "baddbmm", "mv", "addmv", "dot",
+                       "linear", "einsum", "tensordot", "inner"})
 
     def __init__(self) -> None:
         super().__init__()
         self.products = 0
 
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.products += func.overloadpacket.__name__ in self.OPS
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        self.products += getattr(func, "__name__", "") in self.NAMES
         return func(*args, **(kwargs or {}))
 
 

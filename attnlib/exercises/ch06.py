@@ -50,6 +50,11 @@ def _block_mistakes(layer: EncoderLayer, x: torch.Tensor, valid: torch.Tensor) -
         "LayerNorm on the sub-layer's output before the residual (x + LN(MHA(x))) instead of on the sum":
             (x + n1(a(x, mask=mask))) + n2(f(x + n1(a(x, mask=mask)))),
         "the FFN sub-layer left out: it returns h = LN1(x + MHA(x))": h,
+        "the FFN's residual adds x, not h: LN2(x + FFN(h)); each residual adds the sub-layer's own input":
+            n2(x + f(h)),
+        "norm1 applied twice (LN1(h + FFN(h))): layer.norm2 is never used; the second sub-layer has its own "
+        "LayerNorm": n1(h + f(h)),
+        "the FFN applied to x, not to h: LN2(h + FFN(x))": n2(h + f(x)),
     }
 
 
@@ -84,6 +89,10 @@ def _pool_mistakes(hidden: torch.Tensor, mask: torch.Tensor) -> dict[str, torch.
             total / hidden.shape[1],
         "NaN for a sentence with no real token: 0 / 0; divide by the count clamped to at least 1 "
         "(or 1e-9)": total / m.sum(dim=1),
+        "the first token's vector (BERT's [CLS] pooling), not the mean of the real tokens": hidden[:, 0],
+        "the last position's vector, not the mean of the real tokens": hidden[:, -1],
+        "a max over the real tokens (max pooling), not their mean":
+            hidden.masked_fill(m == 0, float("-inf")).amax(dim=1).nan_to_num(neginf=0.0),
     }
 
 

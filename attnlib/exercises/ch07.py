@@ -8,6 +8,7 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 from attnlib.exercises._core import CandidateError, as_tensor, checker, expect_close, matching, run
+from attnlib.exercises._expect import either
 from attnlib.gqa import mean_pool_kv_heads
 from attnlib.caches import cache_bytes
 from attnlib.mha import repeat_kv
@@ -38,7 +39,7 @@ def _tensor_or_named(got: object, what: str, shape: tuple[int, ...],
     as_tensor(got, what)
     found = matching(got, shape_mistakes)
     if found:
-        raise CandidateError(f"{what} is wrong: it matches {' and '.join(found)}")
+        raise CandidateError(f"{what} is wrong: it matches {either(found)}")
     return as_tensor(got, what, shape=shape)
 
 

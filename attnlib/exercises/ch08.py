@@ -7,7 +7,7 @@ from collections.abc import Callable
 import torch
 
 from attnlib.decoder import LlamaDecoder
-from attnlib.exercises._core import CandidateError, as_tensor, checker, expect_close, matching, run
+from attnlib.exercises._core import CandidateError, as_tensor, checker, expect_close, run
 from attnlib.exercises.ch07 import _tensor_or_named
 from attnlib.generation import generate
 from attnlib.caches import KVCache
@@ -46,7 +46,9 @@ def check_cache_update(fn: Callable[..., tuple[torch.Tensor, torch.Tensor]]) -> 
             "the new positions before the cached ones: keep time order, torch.cat([past, new], dim=2)":
                 torch.cat([new, past], dim=2),
             "keys and values swapped": torch.cat(other, dim=2),
-        })
+            f"the new keys and values swapped: {name} must end with the new {name[0]}, not the other one":
+                torch.cat([past, other[1]], dim=2),
+        }, axes=("batch", "kv head", "position", "feature"))
     for S_past, S_new in ((0, 3), (6, 1)):  # the prefill into an empty cache, then one decode step
         past_k, past_v, k, v = (torch.randn(B, H_kv, S, Dh) for S in (S_past, S_past, S_new, S_new))
         label = f"update with past {(B, H_kv, S_past, Dh)} and new {(B, H_kv, S_new, Dh)}"

@@ -113,6 +113,6 @@ def check_merge_partials(fn: Callable[..., State]) -> str:
     mistakes = {name: _comparable(_merge(a, b, **kw), true_max, name, shapes) for name, kw in _MERGE_MISTAKES.items()}
     if not matching(got, mistakes, atol=1e-4):             # one mistake first; two at once only if none fits
         pairs = {name: _comparable(_merge(a, b, **kw), true_max, name, shapes) for name, kw in _two_at_once().items()}
-        mistakes = {name: pairs[name] for name in matching(got, pairs, atol=1e-4)[:1]}  # ties: the first says it
+        mistakes = {name: pairs[name] for name in matching(got, pairs, atol=1e-4)[:1]} or mistakes  # ties: the first
     expect_close(got, expected, what, mistakes=mistakes, atol=1e-4)
     return "the union of two blocks, whichever holds the max, with huge scores and empty rows"

@@ -136,6 +136,11 @@ def check_online_logsumexp(fn: Callable[[Iterator[torch.Tensor]], float]) -> str
     }
     mistakes = {name: _nan_if_not_finite(torch.tensor([_lse_stream(c, **kw) for c in streams]))
                 for name, kw in variants.items()}
+    per_chunk = [torch.stack([torch.logsumexp(x.double(), 0) for x in c if x.numel()]) for c in streams]
+    mistakes["the largest of the chunks' logsumexps: log Σ exp over the whole stream adds the chunks' sums, "
+             "logsumexp(a ∪ b) = logaddexp(lse_a, lse_b)"] = torch.stack([p.max() for p in per_chunk])
+    mistakes["the chunks' logsumexps added: that is the log of a product of their sums; combine them with "
+             "torch.logaddexp"] = _nan_if_not_finite(torch.stack([p.sum() for p in per_chunk]))
     expect_close(_nan_if_not_finite(torch.tensor(got, dtype=torch.float64)), expected, "the logsumexp of 4 streams",
                  mistakes=mistakes, atol=1e-6)
     how = next((k for k in kept if k), None)

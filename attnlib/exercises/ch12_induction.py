@@ -27,6 +27,13 @@ def _at(weights: torch.Tensor, queries: range, shift: int) -> torch.Tensor:
     return torch.stack([weights[:, i, i - shift] for i in queries], dim=-1).mean(-1)
 
 
+def _first_copy(T: int, period: int) -> list[tuple[str, torch.Tensor, torch.Tensor]]:
+    """The first copy's queries with their keys i - period + 1, clamped at 0 or wrapped to the end."""
+    first = torch.arange(T - 2 * period, T - period)
+    return [("clamped to 0", first, (first - period + 1).clamp(min=0)), ("a negative index wraps to the end", first,
+                                                                        first - period + 1)]
+
+
 @checker("induction score")
 def check_induction_score(fn: Callable[[torch.Tensor, int], torch.Tensor]) -> str:
     """fn(weights, period) with weights (H, T, T) of one sequence whose last 2·period tokens are a block
@@ -68,6 +75,9 @@ def check_induction_score(fn: Callable[[torch.Tensor, int], torch.Tensor]) -> st
             "both copies averaged (queries T - 2·period .. T - 1, key i - period + 1, which for the first copy is "
             "before the blocks or wraps around to the end): only the second copy has an earlier occurrence":
                 weights[:, torch.arange(T - 2 * period, T), torch.arange(T - 2 * period, T) - period + 1].mean(-1),
+            **{f"the first copy's queries (T - 2·period .. T - period - 1) instead of the second copy's: their key "
+               f"i - period + 1 lies before the blocks ({how}); only the second copy has an earlier occurrence":
+               weights[:, first, keys].mean(-1) for how, first, keys in _first_copy(T, period)},
             "keys and queries swapped (weights[:, key, query]): rows are queries, columns are keys":
                 torch.stack([weights[:, i - period + 1, i] for i in second], -1).mean(-1),
             "the maximum over the queries instead of their mean":

@@ -90,6 +90,7 @@ def check_linear_attention_step(fn: Callable) -> str:
                 _step(S, z, q, k, v, torch.nn.functional.elu)[1],
             "φ = relu(x) + 1: the feature map here is elu(x) + 1 (exp(x) below 0, not 1)":
                 _step(S, z, q, k, v, lambda x: torch.relu(x) + 1)[1],
+            "φ = relu(x): the feature map here is elu(x) + 1, positive everywhere": _step(S, z, q, k, v, torch.relu)[1],
         })
         z_got = as_tensor(_tensor(z_got, f"{what}: z_new"), f"{what}: z_new", shape=want_z.shape)
         expect_close(z_got, want_z, f"{what}: z_new", atol=1e-4, mistakes={
@@ -102,6 +103,8 @@ def check_linear_attention_step(fn: Callable) -> str:
             "the state read before the token's own write (φ(q)ᵀ S, not φ(q)ᵀ S_new): a query sees its own key":
                 _step(S, z, q, k, v, read_old=True)[0],
             "the normaliser from z before the write: use z_new": _step(S, z, q, k, v, norm_old=True)[0],
+            "the output read from the state before this token's write, S and z both (φ(q)ᵀ S / φ(q) · z): update "
+            "first, then read S_new and z_new": _step(S, z, q, k, v, read_old=True, norm_old=True)[0],
             "the key read instead of the query: out = φ(k)ᵀ S_new / (φ(k) · z_new)": _step(S, z, k, k, v)[0],
             "the key read instead of the query (φ(k)ᵀ S_new, over φ(q) · z_new)":
                 _step(S, z, k, k, v, normalise=False)[0] / (elu_feature_map(q) * want_z).sum(-1, keepdim=True),

@@ -47,6 +47,8 @@ def merge_lse_mistakes(l1, l2) -> dict[str, torch.Tensor]:
     return {
         "lse = max(lse1, lse2): the merged log-sum-exp is log(exp(lse1) + exp(lse2))": m,
         "lse = lse1 + lse2: that is the log of a product, not of a sum": l1 + l2,
+        "lse = (lse1 + lse2) / 2, the mean: the merged log-sum-exp is log(exp(lse1) + exp(lse2)), at least the "
+        "larger of the two": (l1 + l2) / 2,
         "lse = log(exp(lse1) + exp(lse2)) computed directly: it overflows for large scores; "
         "use torch.logaddexp": torch.log(torch.exp(l1) + torch.exp(l2)),
         "returned lse1 unchanged: the next ring step needs the lse of both blocks together": l1,
