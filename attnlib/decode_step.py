@@ -12,8 +12,8 @@ A step is memory-bound: each matrix is read once for a few rows (chapter 12). In
 PACK_MODEL_MIN parameters or more, each float32 matrix of PACK_MIN elements or more is therefore
 multiplied by oneDNN's kernel for a weight prepacked in oneDNN's own blocked layout, which reads it
 with every thread; whether that beats torch.mm depends on the CPU (on the hosts this book was run
-on, it read SmolLM2's output layer from no faster to about 2x faster; benchmarks/bench_kernels.py
-times the layouts and kernels on yours). A call cost ~10 us more than torch.mm's on the machine it was
+on, timed warm on one matrix, it read SmolLM2's output layer from about 1.5x slower to about 2x
+faster; benchmarks/bench_kernels.py times the layouts and kernels on yours). A call cost ~10 us more than torch.mm's on the machine it was
 timed on.
 The copy is packed without a batch size (told one row, oneDNN keeps the plain (out, in) layout, which
 read SmolLM2's matrices more slowly where it was timed). It is made the first time it is needed, in
@@ -44,8 +44,9 @@ PACK_MODEL_MIN = 2**22  # parameters of the model. Measured on this book's 2-cor
 # 4 layers, d_ff 688, vocab 1000), no faster at 4.7M (D 384, 6 and 2 heads, 2 layers, d_ff 1024, vocab 2000),
 # 1.5x faster at 6.9M (D 512, 8 and 2 heads, 1 layer, d_ff 1376, vocab 4000). Not the matrices' size: the 4.7M
 # model's are all of PACK_MIN elements or more. Why it gains nothing was not measured; chapter 8 names two
-# candidates: its 13-19 MB of weights staying in the last-level cache between steps, and its 9 packed calls
-# per step (5 in the 6.9M model), each dearer than torch.mm's
+# unmeasured candidates: its 15.7 MB read per step (19.3 MB in the 6.9M model) staying in the last-level
+# cache between steps, which needs about 16-19 MB of that cache left to this process, and its 9 packed
+# calls per step (5 in the 6.9M model), each dearer than torch.mm's
 _PACKED = WeakTensorKeyDictionary()  # weight -> (its version when packed, the packed copy)
 
 
