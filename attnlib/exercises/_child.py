@@ -19,6 +19,7 @@ ATTNLIB_CHECK_IN_PROCESS=1 turns the child off (to step into a checked function 
 from __future__ import annotations
 
 import contextlib
+import faulthandler
 import gc
 import io
 import os
@@ -63,11 +64,13 @@ def beat() -> None:
 
 def _settle_child(printed: io.StringIO) -> None:
     """In the forked child: Python's prints go to `printed` and C's to /dev/null (a notebook's output socket
-    belongs to the parent), one thread (a parent's OpenMP pool does not survive a fork), and at most 4 GiB
-    more address space."""
+    belongs to the parent), no crash report (faulthandler writes to its own copy of the parent's stderr: the
+    parent names the signal instead), one thread (a parent's OpenMP pool does not survive a fork), and at most
+    4 GiB more address space."""
     _INSIDE[0] = True
     null = os.open(os.devnull, os.O_WRONLY)
     os.dup2(null, 1), os.dup2(null, 2)
+    faulthandler.disable()
     sys.stdout = sys.stderr = printed
     torch.set_num_threads(1)
     with open("/proc/self/statm") as f:
