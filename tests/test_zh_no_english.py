@@ -55,7 +55,7 @@ NAMES = _cited_authors() | {
     "Ulysses", "DeepSpeed",  # DeepSpeed-Ulysses (chapter 17; its authors are in references.bib)
     "Gated", "DeltaNet", "Kimi", "Linear",  # layer and model names: Gated DeltaNet, Kimi Linear (chapter 15)
     "Leviathan", "Chen", "Saxena", "Qiu", "Ye", "Peng", "Yu", "Orca", "Pearson",  # authors that attnlib's docstrings cite (API page)
-    "Intel", "Hub",  # Intel's MKL (chapter 12), the Hugging Face Hub
+    "Intel", "Xeon", "Hub",  # Intel's MKL (chapter 12), the Xeon the course map was timed on, the Hugging Face Hub
     "Scout",  # Llama 4 Scout, a model (chapter 14)
     "True", "False", "None",  # Python's constants, written as in code
     "Dh", "Dv",  # the book's dimension letters for the head width (DESIGN: B, H, H_kv, T, S, D, Dh)
