@@ -51,11 +51,16 @@ locale: $(VENV)/.book
 # the book is built from those checked outputs with execution off (tests/built_book.py; `make book`
 # executes instead), and last come the tests that read the built book (marked built_book by conftest.py).
 # A failure stops make before the build, so the book never shows an output nbval has not checked.
+# Tests run in parallel processes (pytest-xdist, one per core, at most 4): each test module and each
+# notebook stays whole in one process (--dist loadscope), so a notebook's cells run in order in one kernel.
+# The busy-machine test runs alone afterwards: it builds a chapter beside two busy programs of its own.
+XDIST := -n auto --maxprocesses 4 --dist loadscope
 test: $(VENV)/.test
-	$(PY) -m pytest tests chapters -m "not built_book"
+	$(PY) -m pytest tests chapters -m "not built_book" --ignore=tests/test_busy_build.py $(XDIST)
+	$(PY) -m pytest tests/test_busy_build.py
 	$(PY) tests/built_book.py
 	$(ZH) html
-	ATTNBOOK_REQUIRE_BUILD=1 $(PY) -m pytest tests -m built_book
+	ATTNBOOK_REQUIRE_BUILD=1 $(PY) -m pytest tests -m built_book $(XDIST)
 	@test -x /usr/bin/chromium || echo "NOTE: the browser test was SKIPPED: /usr/bin/chromium not found (apt-get install -y --no-install-recommends chromium)"
 	@echo "All tests passed; book built at file://$(CURDIR)/_build/html/index.html"
 
@@ -64,7 +69,7 @@ test: $(VENV)/.test
 NO_SIMD := ATEN_CPU_CAPABILITY=default MKL_ENABLE_INSTRUCTIONS=SSE4_2 ONEDNN_MAX_CPU_ISA=SSE41
 test-portable: $(VENV)/.test
 	$(NO_SIMD) $(PY) -c "import torch; print('nbval under CPU capability', torch.backends.cpu.get_cpu_capability())"
-	$(NO_SIMD) $(PY) -m pytest chapters
+	$(NO_SIMD) $(PY) -m pytest chapters $(XDIST)
 
 # JupyterLab in .venv, its kernel the .venv's Python: JUPYTER_PATH puts the .venv's kernelspec
 # ahead of any `python3` kernel a reader installed for another Python. LAB_ARGS: e.g. --no-browser.
