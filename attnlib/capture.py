@@ -57,7 +57,9 @@ def layer_io(model: nn.Module, module: nn.Module | str, *inputs: Any, **model_kw
     for a transformers decoder's attention layer io.x is the hidden states (B, T, D) entering it and
     io.y its output (B, T, D). The hook is removed when the forward pass ends, also when it raises.
     A module that is not part of model, or that the forward pass never calls (a layer skipped by this
-    input), is a ValueError naming `module`.
+    input), is a ValueError naming `module`. Objects the pass changes later (a transformers cache in
+    io.kwargs) are seen as they are after the whole pass: to rerun the module on io.args and io.kwargs,
+    pass use_cache=False to the model.
     """
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")

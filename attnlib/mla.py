@@ -162,11 +162,3 @@ class MultiHeadLatentAttention(nn.Module):
         if not isinstance(attn, DeepseekV3Attention):
             raise TypeError(f"attn must be a transformers DeepseekV3Attention, got {type(attn).__name__}")
         return copy_deepseek(cls, attn, rope_interleave=attn.config.rope_interleave)
-
-    @classmethod
-    def _copy_deepseek(cls, attn: nn.Module, *, rope_interleave: bool) -> MultiHeadLatentAttention:
-        """from_hf without the class check (attnlib.mla_hf.copy_deepseek): DeepSeek-V3.2's MLA too."""
-        from attnlib.mla_hf import copy_deepseek  # it imports this module
-
-        return copy_deepseek(cls, attn, rope_interleave=rope_interleave)
-

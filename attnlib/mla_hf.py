@@ -1,8 +1,8 @@
 """Reading DeepSeek's multi-head latent attention weights (transformers' DeepseekV3Attention, and
 V3.2's, which shares its parameter names) into attnlib.MultiHeadLatentAttention.
 
-transformers keeps the rotary features of a query or key interleaved, pairs (0, 1), (2, 3), ...;
-attnlib's RoPE turns halves, pair (i, i + D_R/2). Copying permutes those projection rows once, so the
+When config.rope_interleave is set (DeepSeek-V3's default, always in V3.2), transformers keeps the rotary
+features of a query or key interleaved, pairs (0, 1), (2, 3), ...; attnlib's RoPE turns halves, pair (i, i + D_R/2). Copying permutes those projection rows once, so the
 copy computes the same attention with attnlib's rotation. MultiHeadLatentAttention.from_hf calls this
 (importing it when called: this module imports attnlib.mla).
 """
@@ -24,14 +24,18 @@ _NAMES = {"q_proj": "q_proj", "q_down": "q_a_proj", "q_norm": "q_a_layernorm", "
 def copy_deepseek(cls: type[MultiHeadLatentAttention], attn: nn.Module, *,
                   rope_interleave: bool) -> MultiHeadLatentAttention:
     """A `cls` with a DeepSeek MLA module's sizes and weights (same dtype, device and training mode), without
-    checking attn's class: any module with V3's parameter names (V3.2's too). Plain RoPE only."""
+    checking attn's class: any module with V3's parameter names (V3.2's too).
+
+    A RoPE other than the plain one (attn.config.rope_parameters' rope_type) and fewer key/value heads than
+    query heads (attn.config.num_key_value_heads) are ValueErrors.
+    """
     c = attn.config
     rope = dict(getattr(c, "rope_parameters", None) or {})
     if rope.get("rope_type", "default") != "default":
-        raise ValueError(f"only plain RoPE is modelled, got rope_type={rope.get('rope_type')!r} (YaRN "
+        raise ValueError(f"attn.config.rope_parameters: only plain RoPE is modelled, got rope_type={rope.get('rope_type')!r} (YaRN "
                          f"rescales the angles and the softmax scale)")
     if c.num_key_value_heads != c.num_attention_heads:
-        raise ValueError(f"num_key_value_heads={c.num_key_value_heads} differs from num_attention_heads="
+        raise ValueError(f"attn.config.num_key_value_heads={c.num_key_value_heads} differs from num_attention_heads="
                          f"{c.num_attention_heads}: MLA rebuilds a key and a value for every head")
     ours = cls(c.hidden_size, c.num_attention_heads, kv_lora_rank=c.kv_lora_rank,
                qk_nope_head_dim=c.qk_nope_head_dim, qk_rope_head_dim=c.qk_rope_head_dim,

@@ -4,7 +4,7 @@ and the peak memory it allocates.
 A bare time says little here (other processes share the two cores), so comparisons are ratios:
 each round times both functions back to back, in alternating order, each side the fastest of a
 few calls, and the result is the median of the per-round ratios. `make bench` and the chapters
-that time things (chapter 9) use these. A FLOP count does not depend on the machine at all:
+that time things (chapters 9, 15 and 16) use these. A FLOP count does not depend on the machine at all:
 count_flops gets it from PyTorch (chapters 4 and 10). peak_memory measures what a call allocates
 (torch's profiler), for chapter 9 and its benchmark.
 """
@@ -38,8 +38,10 @@ def timed(fn: Callable[[], object]) -> tuple[object, float]:
 
 def best_time(fn: Callable[[], object], repeats: int = 3) -> float:
     """Seconds of the fastest of `repeats` calls of fn(): on a shared machine, interference only adds time."""
-    if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
-        raise ValueError(f"repeats must be an int >= 1 (calls to time), got {repeats!r}")
+    if isinstance(repeats, bool) or not isinstance(repeats, int):
+        raise TypeError(f"repeats must be an int (calls to time), got {type(repeats).__name__}")
+    if repeats < 1:
+        raise ValueError(f"repeats must be >= 1 (calls to time), got {repeats}")
     return min(timed(fn)[1] for _ in range(repeats))
 
 

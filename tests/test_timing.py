@@ -29,9 +29,15 @@ def test_best_time_is_the_fastest_of_its_calls(monkeypatch):
     assert timing.best_time(lambda: None, repeats=3) == 2.0
 
 
-@pytest.mark.parametrize("repeats", [0, -1, 1.5, True])
-def test_best_time_rejects_a_bad_repeat_count(repeats):
-    with pytest.raises(ValueError, match=r"repeats must be an int >= 1 \(calls to time\), got"):
+@pytest.mark.parametrize("repeats", [0, -1])
+def test_best_time_rejects_a_repeat_count_below_one(repeats):
+    with pytest.raises(ValueError, match=rf"repeats must be >= 1 \(calls to time\), got {repeats}"):
+        timing.best_time(lambda: None, repeats=repeats)
+
+
+@pytest.mark.parametrize("repeats, kind", [(1.5, "float"), (True, "bool")])
+def test_best_time_rejects_a_repeat_count_that_is_not_an_int(repeats, kind):
+    with pytest.raises(TypeError, match=rf"repeats must be an int \(calls to time\), got {kind}"):
         timing.best_time(lambda: None, repeats=repeats)
 
 
