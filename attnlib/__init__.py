@@ -10,6 +10,7 @@ from attnlib.caches import KVCache, LatentCache, PagedKVCache, QuantizedKVCache,
 from attnlib.decoder import LlamaDecoder
 from attnlib.encoder import mean_pool
 from attnlib.from_hf import from_hf
+from attnlib.capture import layer_io
 from attnlib.generation import generate
 from attnlib.mha import MultiHeadAttention
 from attnlib.minilm import load_minilm
@@ -27,5 +28,6 @@ __all__ = ["softmax", "attention", "masks", "MultiHeadAttention", "KVCache", "ti
            "load_minilm", "mean_pool", "LlamaDecoder", "generate", "Transformer", "load_smollm2",
            "load_smollm2_transformers", "exercises", "positional",
            "SinkCache", "PagedKVCache", "QuantizedKVCache", "MultiHeadLatentAttention", "LatentCache", "from_hf",
+           "layer_io",
            "speculative_generate", "PromptLookup", "serve", "parallel"]
 __version__ = "0.1.0"

@@ -21,7 +21,7 @@ from torch import nn
 from attnlib import masks as _masks
 from attnlib._checks import fmt_shape, require_float_tensor
 from attnlib.caches.latent import LatentCache
-from attnlib.mha import merge_heads
+from attnlib.head_layout import merge_heads
 from attnlib.positional import RotaryEmbedding, apply_rope
 
 __all__ = ["MultiHeadLatentAttention", "LatentRMSNorm"]
@@ -157,47 +157,8 @@ class MultiHeadLatentAttention(nn.Module):
         """
         from transformers.models.deepseek_v3.modeling_deepseek_v3 import DeepseekV3Attention
 
+        from attnlib.mla_hf import copy_deepseek  # it imports this module
+
         if not isinstance(attn, DeepseekV3Attention):
             raise TypeError(f"attn must be a transformers DeepseekV3Attention, got {type(attn).__name__}")
-        return cls._copy_deepseek(attn, rope_interleave=attn.config.rope_interleave)
-
-    @classmethod
-    def _copy_deepseek(cls, attn: nn.Module, *, rope_interleave: bool) -> MultiHeadLatentAttention:
-        """from_hf without the class check: any DeepSeek MLA module with V3's parameter names (V3.2's too)."""
-        c = attn.config
-        rope = dict(getattr(c, "rope_parameters", None) or {})
-        if rope.get("rope_type", "default") != "default":
-            raise ValueError(f"only plain RoPE is modelled, got rope_type={rope.get('rope_type')!r} (YaRN "
-                             f"rescales the angles and the softmax scale)")
-        if c.num_key_value_heads != c.num_attention_heads:
-            raise ValueError(f"num_key_value_heads={c.num_key_value_heads} differs from num_attention_heads="
-                             f"{c.num_attention_heads}: MLA rebuilds a key and a value for every head")
-        ours = cls(c.hidden_size, c.num_attention_heads, kv_lora_rank=c.kv_lora_rank,
-                   qk_nope_head_dim=c.qk_nope_head_dim, qk_rope_head_dim=c.qk_rope_head_dim,
-                   v_head_dim=c.v_head_dim, q_lora_rank=c.q_lora_rank, bias=c.attention_bias,
-                   eps=attn.kv_a_layernorm.variance_epsilon, rope_base=rope.get("rope_theta", 10000.0),
-                   max_position_embeddings=c.max_position_embeddings, layer_idx=attn.layer_idx)
-        weight = attn.kv_b_proj.weight
-        ours.to(device=weight.device, dtype=weight.dtype)
-        names = {"q_proj": "q_proj", "q_down": "q_a_proj", "q_norm": "q_a_layernorm", "q_up": "q_b_proj",
-                 "kv_down": "kv_a_proj_with_mqa", "kv_norm": "kv_a_layernorm", "kv_up": "kv_b_proj", "out": "o_proj"}
-        theirs = attn.state_dict()
-        with torch.no_grad():
-            for name, param in ours.named_parameters():
-                module, kind = name.split(".")
-                param.copy_(theirs[f"{names[module]}.{kind}"])
-            if rope_interleave:
-                ours._deinterleave_rope_rows()
-        return ours.train(attn.training)
-
-    def _deinterleave_rope_rows(self) -> None:
-        """Reorder the rotary output rows of the query and kv_down projections from pairs (0, 1), (2, 3), ...
-        to halves (0, 2, ..., 1, 3, ...), in place."""
-        D_R, nope = self.rope_dim, self.nope_dim
-        order = torch.cat((torch.arange(0, D_R, 2), torch.arange(1, D_R, 2)))
-        q = self.q_proj if self.q_lora_rank is None else self.q_up
-        rows = q.weight.unflatten(0, (self.num_heads, nope + D_R))           # (H, D_h + D_R, in)
-        rows[:, nope:] = rows[:, nope:][:, order]
-        kv = self.kv_down
-        for t in (kv.weight, kv.bias) if kv.bias is not None else (kv.weight,):
-            t[self.kv_lora_rank:] = t[self.kv_lora_rank:][order]
+        return copy_deepseek(cls, attn, rope_interleave=attn.config.rope_interleave)

@@ -30,6 +30,7 @@ from attnlib._checks import fmt_shape, require_count
 from attnlib.caches._base import append_rows
 from attnlib.caches.latent import LatentCache
 from attnlib.mla import MultiHeadLatentAttention
+from attnlib.mla_hf import copy_deepseek
 from attnlib.positional import apply_rope
 
 __all__ = ["LightningIndexer", "DeepSeekSparseAttention", "IndexedLatentCache", "dsa_flops_per_token"]
@@ -159,7 +160,7 @@ class DeepSeekSparseAttention(nn.Module):
 
         if not isinstance(attn, DeepseekV32Attention):
             raise TypeError(f"attn must be a transformers DeepseekV32Attention, got {type(attn).__name__}")
-        mla = MultiHeadLatentAttention._copy_deepseek(attn, rope_interleave=True)  # V3.2 always interleaves
+        mla = copy_deepseek(MultiHeadLatentAttention, attn, rope_interleave=True)  # V3.2 always interleaves
         theirs = attn.indexer
         indexer = LightningIndexer(attn.hidden_size, theirs.q_lora_rank, theirs.n_heads, theirs.head_dim,
                                    theirs.qk_rope_head_dim, theirs.index_topk, eps=theirs.k_norm.eps,

@@ -6,7 +6,7 @@ unnormalized output acc = Σ_j exp(s_j - m) v_j; when a later tile raises the ma
 l and acc by exp(m - m'). At the end out = acc / l. Only a (T_tile, S_tile) block of scores ever
 exists, never the (T, S) matrix. The backward pass is tiled the same way: it keeps one log-sum-exp
 per query from the forward and recomputes each tile's weights from it.
-peak_memory measures what a call allocates (torch's profiler), for the chapter and the benchmark.
+peak_memory, which measures what a call allocates, lives in attnlib.timing and is importable from here.
 
 Shapes as in attnlib.attention: q (..., T, Dh), k (..., S, Dh), v (..., S, Dv) → out (..., T, Dv).
 """
@@ -14,17 +14,15 @@ Shapes as in attnlib.attention: q (..., T, Dh), k (..., S, Dh), v (..., S, Dv) �
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 
 import torch
-from torch.autograd import DeviceType
-from torch.profiler import ProfilerActivity, profile
 
 from attnlib.attention import _check_qkv
 from attnlib.masks import check_mask
 from attnlib.tiles import _NEG_INF, _add_mask, _key_tiles, tile_kind
+from attnlib.timing import peak_memory  # noqa: F401  (chapter 9 and bench_tiled import it from here)
 
-__all__ = ["tiled_attention", "tile_kind", "peak_memory", "QUERY_BLOCK"]
+__all__ = ["tiled_attention", "tile_kind", "QUERY_BLOCK"]
 
 QUERY_BLOCK = 512  # queries per tile: each key tile loaded is then used by this many queries
 _LOG2E = math.log2(math.e)  # exp(x) = 2^(x·log2 e); exp2 stays fast on -inf scores, exp does not
@@ -193,24 +191,3 @@ def tiled_attention(
     offset = S - T if is_causal else None
     out = _TiledAttention.apply(q3, k3, v3, mask, offset, scale, max(1, min(block_size, S)), batch)
     return out.reshape(*batch, T, Dv).to(q.dtype)  # (..., T, Dv)
-
-
-def peak_memory(fn: Callable[[], object]) -> int:
-    """Peak bytes of CPU tensor memory held while fn() runs, above what was allocated before it.
-
-    Measured, not computed: torch.profiler(profile_memory=True) records every allocation and free
-    made through torch's CPU allocator, with its size and time. The running sum of those sizes in
-    time order is what fn holds at each moment; its maximum is the peak. fn's result is still
-    alive when fn returns, so it is counted; the inputs, allocated before, are not.
-    """
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-        result = fn()
-    del result
-    cpu = (DeviceType.CPU, DeviceType.MKLDNN, DeviceType.IDEEP)
-    events = sorted((e for e in prof.profiler.kineto_results.events()
-                     if e.name() == "[memory]" and e.device_type() in cpu), key=lambda e: e.start_ns())
-    live = peak = 0
-    for e in events:  # nbytes > 0 for an allocation, < 0 for a free
-        live += e.nbytes()
-        peak = max(peak, live)
-    return peak

@@ -7,6 +7,7 @@ from transformers import Qwen3_5ForCausalLM, Qwen3_5TextConfig
 from transformers.models.qwen3_5.modeling_qwen3_5 import (torch_chunk_gated_delta_rule,
                                                           torch_recurrent_gated_delta_rule)
 
+from attnlib import layer_io
 from attnlib.delta_rule import gated_delta_rule_chunked, gated_delta_rule_recurrent, l2_normalize
 from attnlib.gated_deltanet import GatedDeltaNet, GatedDeltaNetState
 
@@ -86,20 +87,6 @@ def qwen35(seed=0, dtype=torch.float32) -> Qwen3_5ForCausalLM:
     return model
 
 
-def layer_io(model, ids, attention_mask=None):
-    """The linear layer's input, output and padding mask inside the model's full forward pass."""
-    seen = {}
-
-    def hook(module, args, kwargs, out):
-        seen["x"], seen["y"], seen["mask"] = kwargs["hidden_states"], out, kwargs.get("attention_mask")
-
-    handle = model.model.layers[0].linear_attn.register_forward_hook(hook, with_kwargs=True)
-    with torch.no_grad():
-        model(ids, attention_mask=attention_mask)
-    handle.remove()
-    return seen["x"], seen["y"], seen["mask"]
-
-
 @pytest.fixture(scope="module")
 def model():
     return qwen35()
@@ -107,7 +94,8 @@ def model():
 
 def test_layer_equals_transformers_inside_its_model(model):
     ids = torch.randint(0, 97, (2, 150), generator=torch.Generator().manual_seed(1))
-    x, y, _ = layer_io(model, ids)
+    io = layer_io(model, model.model.layers[0].linear_attn, ids)
+    x, y = io.x, io.y
     ours = GatedDeltaNet.from_hf(model.model.layers[0].linear_attn)
     with torch.no_grad():
         diff = (ours(x) - y).abs().max().item()
@@ -119,8 +107,9 @@ def test_left_padding_equals_transformers(model):
     ids = torch.randint(0, 97, (2, 80), generator=torch.Generator().manual_seed(3))
     valid = torch.ones(2, 80, dtype=torch.long)
     valid[1, :13] = 0  # row 1 is left-padded by 13 tokens
-    x, y, mask = layer_io(model, ids, valid)
-    assert torch.equal(mask, valid)
+    io = layer_io(model, model.model.layers[0].linear_attn, ids, attention_mask=valid)
+    x, y = io.x, io.y
+    assert torch.equal(io.kwargs["attention_mask"], valid)
     ours = GatedDeltaNet.from_hf(model.model.layers[0].linear_attn)
     with torch.no_grad():
         padded = ours(x, valid=valid)

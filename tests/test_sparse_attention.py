@@ -8,7 +8,7 @@ from torch.utils.flop_counter import FlopCounterMode
 from transformers import DeepseekV32Config, DeepseekV32ForCausalLM
 
 from attnlib.mla import MultiHeadLatentAttention
-from attnlib import LatentCache
+from attnlib import LatentCache, layer_io
 from attnlib.sparse_attention import DeepSeekSparseAttention, IndexedLatentCache, LightningIndexer, dsa_flops_per_token
 
 torch.set_num_threads(1)
@@ -31,26 +31,13 @@ def deepseek_v32(dtype, seed=0) -> DeepseekV32ForCausalLM:
     return model
 
 
-def layer_io(model, ids, layer=1):
-    """One attention layer's input and output inside the model's full forward pass."""
-    seen = {}
-
-    def hook(module, args, kwargs, out):
-        seen["x"], seen["y"] = kwargs["hidden_states"], out[0]
-
-    handle = model.model.layers[layer].self_attn.register_forward_hook(hook, with_kwargs=True)
-    with torch.no_grad():
-        model(ids)
-    handle.remove()
-    return seen["x"], seen["y"]
-
-
 @pytest.mark.parametrize("dtype, tol", [(torch.float64, 1e-12), (torch.float32, 2e-6)])
 @pytest.mark.parametrize("layer", [0, 1])
 def test_equals_transformers_inside_its_model(dtype, tol, layer):
     model = deepseek_v32(dtype)
     ids = torch.randint(0, 97, (2, T), generator=torch.Generator().manual_seed(3))
-    x, y = layer_io(model, ids, layer)
+    io = layer_io(model, model.model.layers[layer].self_attn, ids)
+    x, y = io.x, io.y
     attn = model.model.layers[layer].self_attn
     ours = DeepSeekSparseAttention.from_hf(attn)
     with torch.no_grad():
@@ -93,7 +80,8 @@ def boundary_ties(ours, x):
 def test_earliest_tie_break_equals_transformers_wherever_no_tie_decides():
     model = deepseek_v32(torch.float64)
     ids = torch.randint(0, 97, (2, T), generator=torch.Generator().manual_seed(3))
-    x, y = layer_io(model, ids, 0)
+    io = layer_io(model, model.model.layers[0].self_attn, ids)
+    x, y = io.x, io.y
     ours = DeepSeekSparseAttention.from_hf(model.model.layers[0].self_attn, tie_break="earliest")
     with torch.no_grad():
         out = ours(x)

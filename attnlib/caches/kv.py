@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 
 from attnlib._checks import fmt_shape, require_float_tensor
+from attnlib.caches.rolling import RollingBuffers
 
 __all__ = ["KVCache", "cache_bytes"]
 
@@ -24,11 +25,12 @@ def cache_bytes(num_layers: int, num_kv_heads: int, head_dim: int, seq_len: int,
     return 2 * num_layers * batch_size * num_kv_heads * seq_len * head_dim * bytes_per_element
 
 
-class KVCache:
+class KVCache(RollingBuffers):
     """An empty cache for a whole model, grown in place, one entry per attention layer (the `Cache` contract).
 
     Each layer's keys and values live in a preallocated buffer (B, H_kv, capacity, Dh) whose
-    capacity doubles when full, so appending one token costs, amortised, a copy of that token only.
+    capacity doubles when full, so appending one token costs, amortised, a copy of that token only
+    (the buffers' growing and rolling: attnlib.caches.rolling.RollingBuffers).
 
     sliding_window=W makes it a rolling buffer for a sliding-window model (Mistral), whose queries see
     only the last W positions, themselves included: between calls each layer keeps the last W - 1
@@ -164,57 +166,6 @@ class KVCache:
         first = 0 if W is None else max(0, start - W + 1)  # the W - 1 kept
         self._len[layer_idx] = end = start + new
         return k_buf.narrow(2, first, end - first), v_buf.narrow(2, first, end - first)  # views of the filled part
-
-    def _capacity(self, needed: int, W: int | None) -> int:
-        """Positions to grow a buffer to: twice what it must hold (at least 16); under a window W, once that
-        is more than the W - 1 positions kept, a rolling buffer's fixed size max(2 (W - 1), 16), so that
-        each roll frees at least as many slots as it moves. Below `needed` only for a chunk that no
-        rolling buffer holds (update passes it through _update_past_buffer)."""
-        capacity = max(2 * needed, 16)
-        return capacity if W is None or capacity <= W - 1 else max(2 * (W - 1), 16)
-
-    def _update_past_buffer(self, layer_idx: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """update for a chunk longer than a rolling buffer holds (a long prompt): return the kept positions
-        and the chunk concatenated, a new tensor that only the caller's attention holds, and keep the last
-        W - 1 of them in a buffer of the rolling size, so that no buffer sized by the prompt stays behind."""
-        start, keep = self._len[layer_idx], self.window(layer_idx) - 1  # start <= W - 1: update has rolled
-        k_all = torch.cat([self._k[layer_idx].narrow(2, 0, start), k], dim=2)    # (B, H_kv, start + S_new, Dh)
-        v_all = torch.cat([self._v[layer_idx].narrow(2, 0, start), v], dim=2)    # (B, H_kv, start + S_new, Dv)
-        size = self._capacity(keep, self.window(layer_idx))
-        for buffers, full in ((self._k, k_all), (self._v, v_all)):
-            if buffers[layer_idx].shape[2] != size:
-                buffers[layer_idx] = full.new_empty(full.shape[0], full.shape[1], size, full.shape[3])
-            buffers[layer_idx].narrow(2, 0, keep).copy_(full.narrow(2, full.shape[2] - keep, keep))
-        self._dropped[layer_idx] += full.shape[2] - keep
-        self._len[layer_idx] = keep
-        return k_all, v_all
-
-    def _roll(self, layer_idx: int) -> int:
-        """Move the positions a rolling buffer keeps to the front of its full buffer; return their number.
-
-        The older ones are out of every later query's window. Done only when the buffer, at least
-        2 (W - 1) positions long (_capacity), is full: for tokens appended one at a time, each roll
-        frees at least as many slots as it moves, so a token costs at most about one more copy on
-        average (a chunk of c tokens can roll a buffer that still has up to c - 1 free slots; then the
-        kept range can overlap the front and goes through a temporary copy).
-        """
-        start, keep = self._len[layer_idx], self._kept(layer_idx)
-        for buf in (self._k[layer_idx], self._v[layer_idx]):
-            kept = buf.narrow(2, start - keep, keep)
-            if start - keep < keep:  # the kept range overlaps the front (a chunk rolled early): copy it out first
-                kept = kept.clone()
-            buf.narrow(2, 0, keep).copy_(kept)
-        self._dropped[layer_idx] += start - keep
-        self._len[layer_idx] = keep
-        return keep
-
-    def _grow(self, layer_idx: int, capacity: int) -> None:
-        """Move layer `layer_idx` into buffers of `capacity` positions."""
-        for buffers in (self._k, self._v):
-            old = buffers[layer_idx]
-            grown = old.new_empty(old.shape[0], old.shape[1], capacity, old.shape[3])
-            grown[:, :, :self._len[layer_idx]] = old[:, :, :self._len[layer_idx]]
-            buffers[layer_idx] = grown
 
     def __repr__(self) -> str:
         if not self._len:
