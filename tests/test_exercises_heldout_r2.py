@@ -1,0 +1,216 @@
+"""Held-out answers for what round 2 of the checker adversary found (issue 36): each wrong answer, written in
+another course's or library's style (flash-attention's merge, Triton's loop, transformers' warper, vLLM's
+sampler, HF's position ids), gets its own mistake named; correct answers in those styles still pass; and
+global state an answer leaves (flush-denormal mode, warnings filters, an inference mode never left) is
+named and put back, whether the check runs in a child process or in process."""
+
+import warnings
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import attnlib.exercises as E
+
+A = []
+
+
+def ok(check, label):
+    return lambda f: A.append((check, label, f, None)) or f
+
+
+def bad(check, label, phrase):
+    return lambda f: A.append((check, label, f, phrase)) or f
+
+
+# ---------------- merging two partial softmax results ----------------
+@ok("check_merge_partials", "flash-attn lse merge with logaddexp")
+def merge_lse(m1, l1, acc1, m2, l2, acc2):
+    lse1, lse2 = m1 + l1.log(), m2 + l2.log()           # -inf for an empty block
+    lse = torch.logaddexp(lse1, lse2)
+    w1 = torch.where(lse1.isneginf(), 0.0, torch.exp(lse1 - lse).nan_to_num(0.0))
+    w2 = torch.where(lse2.isneginf(), 0.0, torch.exp(lse2 - lse).nan_to_num(0.0))
+    m = torch.maximum(m1, m2)
+    o = w1[..., None] * acc1 / l1.clamp_min(1e-30)[..., None] + w2[..., None] * acc2 / l2.clamp_min(1e-30)[..., None]
+    l = torch.where(lse.isneginf(), 0.0, torch.exp(lse - torch.where(m.isneginf(), 0.0, m)))
+    return m, l, o * l[..., None]
+
+
+@ok("check_merge_partials", "alpha/beta names, nan_to_num")
+def merge_alpha_beta(m_a, l_a, o_a, m_b, l_b, o_b):
+    m_new = torch.max(m_a, m_b)
+    alpha, beta = torch.exp(m_a - m_new).nan_to_num(0.0), torch.exp(m_b - m_new).nan_to_num(0.0)
+    return m_new, alpha * l_a + beta * l_b, alpha.unsqueeze(-1) * o_a + beta.unsqueeze(-1) * o_b
+
+
+@bad("check_merge_partials", "alpha/beta crossed", "the factors crossed")
+def merge_crossed(m_a, l_a, o_a, m_b, l_b, o_b):
+    m_new = torch.max(m_a, m_b)
+    alpha, beta = torch.exp(m_a - m_new).nan_to_num(0.0), torch.exp(m_b - m_new).nan_to_num(0.0)
+    return m_new, beta * l_a + alpha * l_b, beta.unsqueeze(-1) * o_a + alpha.unsqueeze(-1) * o_b
+
+
+# ---------------- one tile of tiled attention ----------------
+@ok("check_tile_step", "einsum, FlashAttention-2 names")
+def tile_einsum(q, k, v, m_i, l_i, acc, scale):
+    s = torch.einsum("ntd,nsd->nts", q, k) * scale
+    m_ij = torch.maximum(m_i, s.amax(-1))
+    p = torch.exp(s - m_ij[..., None])
+    alpha = torch.exp(m_i - m_ij)
+    return m_ij, alpha * l_i + p.sum(-1), alpha[..., None] * acc + torch.einsum("nts,nsd->ntd", p, v)
+
+
+@bad("check_tile_step", "einsum, p against m_i", "p = exp(s - m_old)")
+def tile_old_max(q, k, v, m_i, l_i, acc, scale):
+    s = torch.einsum("ntd,nsd->nts", q, k) * scale
+    m_ij = torch.maximum(m_i, s.amax(-1))
+    p = torch.exp(s - m_i[..., None])
+    alpha = torch.exp(m_i - m_ij)
+    return m_ij, alpha * l_i + p.sum(-1), alpha[..., None] * acc + torch.einsum("nts,nsd->ntd", p, v)
+
+
+@bad("check_tile_step", "einsum, alpha the wrong way", "rescaled the wrong way")
+def tile_wrong_way(q, k, v, m_i, l_i, acc, scale):
+    s = torch.einsum("ntd,nsd->nts", q, k) * scale
+    m_ij = torch.maximum(m_i, s.amax(-1))
+    p = torch.exp(s - m_ij[..., None])
+    alpha = torch.exp(m_ij - m_i)
+    return m_ij, alpha * l_i + p.sum(-1), alpha[..., None] * acc + torch.einsum("nts,nsd->ntd", p, v)
+
+
+# ---------------- top-p ----------------
+@ok("check_top_p_filter", "transformers TopPLogitsWarper (ascending, 1 - p)")
+def top_p_hf(scores, top_p):
+    sorted_logits, sorted_indices = torch.sort(scores, descending=False)
+    cumulative_probs = sorted_logits.softmax(dim=-1).cumsum(dim=-1)
+    sorted_indices_to_remove = cumulative_probs <= (1 - top_p)
+    sorted_indices_to_remove[..., -1:] = 0
+    indices_to_remove = sorted_indices_to_remove.scatter(1, sorted_indices, sorted_indices_to_remove)
+    return scores.masked_fill(indices_to_remove, -float("Inf"))
+
+
+@ok("check_top_p_filter", "probs sorted, mask from the exclusive cumsum")
+def top_p_vllm(logits, p):
+    probs_sort, idx = logits.softmax(-1).sort(-1, descending=True)
+    mask = probs_sort.cumsum(-1) - probs_sort >= p
+    probs_sort[mask] = 0.0
+    keep = torch.zeros_like(logits, dtype=torch.bool).scatter(-1, idx, probs_sort > 0)
+    return torch.where(keep, logits, torch.full_like(logits, float("-inf")))
+
+
+@bad("check_top_p_filter", "min-shifted logits as probabilities (descending)", "shifted to start at 0")
+def top_p_min_shift(logits, p):
+    z = logits - logits.min(dim=-1, keepdim=True).values
+    pr, idx = (z / z.sum(-1, keepdim=True)).sort(-1, descending=True)
+    drop = torch.cumsum(pr, -1) - pr >= p
+    return logits.masked_fill(torch.zeros_like(drop).scatter(-1, idx, drop), float("-inf"))
+
+
+@bad("check_top_p_filter", "relu logits normalised", "relu(z) / Σ relu(z)")
+def top_p_relu(logits, p):
+    pr = F.relu(logits)
+    pr = pr / pr.sum(-1, keepdim=True)
+    sp, idx = pr.sort(-1, descending=True)
+    drop = sp.cumsum(-1) - sp >= p
+    return logits.masked_fill(drop.scatter(-1, idx, drop), float("-inf"))
+
+
+# ---------------- left-padded positions, parameter count ----------------
+@ok("check_left_pad_positions", "HF generate: cumsum - 1, masked_fill")
+def pos_hf(attention_mask):
+    position_ids = attention_mask.long().cumsum(-1) - 1
+    return position_ids.masked_fill(attention_mask == 0, 1)
+
+
+@ok("check_left_pad_positions", "arange minus the pads before")
+def pos_arange(mask):
+    pads = (mask == 0).sum(-1, keepdim=True)
+    return (torch.arange(mask.shape[-1]) - pads).clamp_min(0)
+
+
+@bad("check_left_pad_positions", "cumsum of ~mask", "the padding before each slot counted")
+def pos_pads(mask):
+    return (~mask.bool()).long().cumsum(dim=1)
+
+
+@ok("check_mha_param_count", "nn.Linear modules counted")
+def params_modules(d_model, num_heads, num_kv_heads, bias):
+    kv = d_model // num_heads * num_kv_heads
+    layers = [torch.nn.Linear(d_model, w, bias=bias) for w in (d_model, kv, kv, d_model)]
+    return sum(p.numel() for layer in layers for p in layer.parameters())
+
+
+@bad("check_mha_param_count", "every projection but W_q at the kv width", "W_o shrunk like W_k and W_v")
+def params_wo_kv(d_model, num_heads, num_kv_heads, bias):
+    head_dim = d_model // num_heads
+    sizes = [(d_model, d_model)] + [(d_model, num_kv_heads * head_dim)] * 3
+    return sum(i * o + (o if bias else 0) for i, o in sizes)
+
+
+@pytest.mark.parametrize("check, label, answer, phrase", A, ids=[f"{a[0][6:]}-{a[1][:40]}" for a in A])
+def test_round2_answer(check, label, answer, phrase):
+    result = getattr(E, check)(answer)
+    if phrase is None:
+        assert result.passed, result.message
+    else:
+        assert not result.passed and result.attempted and phrase in result.message, result.message
+
+
+def test_tile_step_with_the_old_max_names_that_mistake_alone():
+    message = E.check_tile_step(tile_old_max).message
+    assert "rescaled the wrong way" not in message and "m_old = -inf" in message, message
+
+
+# ---------------- global state an answer leaves ----------------
+def _split(x, num_heads):
+    B, T, D = x.shape
+    return x.reshape(B, T, num_heads, D // num_heads).permute(0, 2, 1, 3)  # (B, H, T, Dh)
+
+
+_KEPT = []
+
+
+def split_flush(x, num_heads):
+    torch.set_flush_denormal(True)
+    return _split(x, num_heads)
+
+
+def split_warnings_error(x, num_heads):
+    warnings.simplefilter("error")
+    return _split(x, num_heads)
+
+
+def split_inference_kept(x, num_heads):
+    guard = torch.inference_mode()
+    guard.__enter__()  # never left: the guard outlives the call
+    _KEPT.append(guard)
+    return _split(x, num_heads)
+
+
+def split_library_filter(x, num_heads):
+    warnings.filterwarnings("ignore", message="a library's own filter", category=FutureWarning)
+    return _split(x, num_heads)
+
+
+@pytest.mark.parametrize("in_process", [False, True])
+@pytest.mark.parametrize("answer, phrases", [
+    (split_flush, ["called torch.set_flush_denormal(True) and left it set", "set it back to False"]),
+    (split_warnings_error, ["warnings.simplefilter('error')", "raised as an exception", "put the warnings filters back"]),
+    (split_inference_kept, ["entered torch.inference_mode() and never left it", "switched it off"])])
+def test_state_an_answer_leaves_is_named_and_put_back(monkeypatch, answer, phrases, in_process):
+    if in_process:
+        monkeypatch.setenv("ATTNLIB_CHECK_IN_PROCESS", "1")
+    filters = list(warnings.filters)
+    result = E.check_split_heads(answer)
+    assert not result.passed and all(p in result.message for p in phrases), result.message
+    assert "switched autograd" not in result.message, result.message  # inference mode is named as itself
+    denormal = torch.tensor([5e-324], dtype=torch.float64) * 1.0
+    assert denormal.item() != 0 and not torch.is_inference_mode_enabled() and torch.is_grad_enabled()
+    assert warnings.filters == filters
+
+
+def test_a_narrow_warnings_filter_is_not_a_mistake(monkeypatch):
+    monkeypatch.setenv("ATTNLIB_CHECK_IN_PROCESS", "1")
+    with warnings.catch_warnings():
+        result = E.check_split_heads(split_library_filter)
+    assert result.passed, result.message
