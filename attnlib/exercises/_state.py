@@ -1,7 +1,8 @@
 """Global state a reader's code may change and leave changed, each put back and named (_guard uses it).
 
-torch's default dtype, grad mode, default device and random seed; deterministic mode, anomaly detection
-and the thread count; print options and the recursion limit; and torch's own functions: an answer that
+torch's default dtype, grad mode, inference mode, default device and random seed; deterministic mode, anomaly
+detection, flush-denormal mode and the thread count; print options, the recursion limit and the warnings
+filters that turn every warning into an error (or hide them all); and torch's own functions: an answer that
 replaces `torch.equal` or `torch.Tensor.__eq__` gets the original back and is told so. The originals are
 captured when attnlib.exercises is imported, so a replacement made earlier in the session is found too
 (`restore_torch`). os._exit, os.abort, os.kill of this process and signal.raise_signal are replaced for the
@@ -22,7 +23,8 @@ import torch
 import torch.nn.functional as F
 from torch import _tensor_str  # torch.set_printoptions has no public getter
 
-from attnlib.exercises._state_text import describe
+from attnlib.exercises._state_modes import flush_denormal, restore_modes
+from attnlib.exercises._state_text import describe, modes_text
 
 __all__ = ["changed_state", "restore_torch", "ExitCalled"]
 
@@ -90,6 +92,7 @@ def _snapshot() -> tuple:
 _SWITCHES = (("torch.use_deterministic_algorithms", torch.are_deterministic_algorithms_enabled,
               torch.use_deterministic_algorithms),
              ("torch.autograd.set_detect_anomaly", torch.is_anomaly_enabled, torch.autograd.set_detect_anomaly),
+             ("torch.set_flush_denormal", flush_denormal, torch.set_flush_denormal),
              ("torch.set_num_threads", torch.get_num_threads, torch.set_num_threads),
              ("torch.set_printoptions", _tensor_str.get_printoptions, lambda old: torch.set_printoptions(**old)),
              ("sys.setrecursionlimit", sys.getrecursionlimit, sys.setrecursionlimit))
@@ -150,7 +153,7 @@ def changed_state(what: str) -> Iterator[list[str]]:
         setattr(module, name, _no_exit(f"{module.__name__.replace('posix', 'os')}.{name}",
                                        function if name == "kill" else None))
     try:
-        with _restore_switches(what) as flipped:
+        with restore_modes() as modes, _restore_switches(what) as flipped:
             yield found
     finally:
         for (module, name), function in zip(_ENDERS, enders):
@@ -164,4 +167,4 @@ def changed_state(what: str) -> Iterator[list[str]]:
         if device != before[2]:  # None: no default-device mode at all, as before
             torch.set_default_device(None if before[2] == torch.device("cpu") else before[2])
         replaced = restore_torch(saved)
-        found += describe(what, before, (dtype, grad, device), seeded, replaced) + flipped
+        found += modes_text(what, modes) + describe(what, before, (dtype, grad, device), seeded, replaced) + flipped
