@@ -214,3 +214,22 @@ def test_a_narrow_warnings_filter_is_not_a_mistake(monkeypatch):
     with warnings.catch_warnings():
         result = E.check_split_heads(split_library_filter)
     assert result.passed, result.message
+
+
+def softmax_patching_attnlib(x):
+    """Garbage, and attnlib's softmax replaced wherever a module holds it, the checker's own modules too."""
+    import sys
+    for module in [m for name, m in list(sys.modules.items()) if name.startswith("attnlib") and m is not None]:
+        if hasattr(module, "softmax"):
+            module.softmax = lambda t, *args, **kwargs: torch.zeros_like(t)
+    return torch.zeros_like(x)
+
+
+@pytest.mark.parametrize("in_process", [False, True])
+def test_an_answer_that_replaces_attnlibs_reference_is_refused(monkeypatch, in_process):
+    import attnlib
+    if in_process:
+        monkeypatch.setenv("ATTNLIB_CHECK_IN_PROCESS", "1")
+    result = E.check_stable_softmax(softmax_patching_attnlib)
+    assert not result.passed and "replaced torch's or attnlib's own attnlib.attention.softmax" in result.message
+    assert torch.equal(attnlib.softmax(torch.tensor([0.0, 0.0])), torch.tensor([0.5, 0.5]))

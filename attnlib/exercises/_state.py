@@ -29,13 +29,19 @@ from attnlib.exercises._state_text import describe, modes_text
 __all__ = ["changed_state", "restore_torch", "ExitCalled"]
 
 _WATCHED = {"torch": torch, "torch.nn.functional": F, "torch.Tensor": torch.Tensor, "torch.linalg": torch.linalg,
-            "torch.testing": torch.testing,  # and attnlib's references, which the checkers compare with
-            **{name: sys.modules[name] for name in ("attnlib", "attnlib.attention", "attnlib.masks", "attnlib.positional")}}
+            "torch.testing": torch.testing}
+
+
+def _spaces() -> dict[str, object]:
+    """The namespaces watched: torch's, and every attnlib module loaded (the references the checkers compare
+    with, and the names a checker module imported them under)."""
+    return {**_WATCHED, **{name: module for name, module in list(sys.modules.items())
+                           if (name == "attnlib" or name.startswith("attnlib.")) and module is not None}}
 
 
 def _functions() -> dict[tuple[str, str], object]:
-    """(namespace, name) -> the callable, for torch's public functions and torch.Tensor's methods."""
-    return {(space, name): value for space, obj in _WATCHED.items() for name, value in vars(obj).items()
+    """(namespace, name) -> the callable, for torch's and attnlib's public functions and torch.Tensor's methods."""
+    return {(space, name): value for space, obj in _spaces().items() for name, value in vars(obj).items()
             if callable(value) and (space == "torch.Tensor" or not name.startswith("_"))
             and (space, name) != ("torch", "Storage")}  # torch.set_default_dtype rebinds it: named as that
 
@@ -76,7 +82,7 @@ def restore_torch(saved: dict | None = None) -> list[str]:
         if new is not None and _by_library(new, saved):
             saved[space, name] = _ORIGINAL[space, name] = new
             continue
-        setattr(_WATCHED[space], name, value)
+        setattr(_spaces()[space], name, value)
         found.append(f"{space}.{name}")
     for space, name in now.keys() - saved.keys():
         if space == "torch.Tensor" and any(hasattr(base, name) for base in torch.Tensor.__bases__):  # shadows one

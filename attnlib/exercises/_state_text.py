@@ -7,10 +7,10 @@ __all__ = ["describe", "replaced_text", "modes_text"]
 
 def replaced_text(who: str, replaced: list[str]) -> str:
     """Why replacing torch's own functions is refused, naming them."""
-    owner = "torch's own" if all(n.startswith("torch") for n in replaced) else "torch's or attnlib's own"
-    return (f"{who} replaced {owner} {', '.join(replaced)} (an assignment such as `torch.equal = ...`): every "
-            f"check, yours and the checker's, would then use the replacement. The checker put torch's own back and "
-            f"compared with saved references; leave torch's functions alone")
+    owner = "torch's" if all(n.startswith("torch") for n in replaced) else "torch's or attnlib's"
+    return (f"{who} replaced {owner} own {', '.join(replaced)} (an assignment such as `torch.equal = ...`): every "
+            f"check, yours and the checker's, would then use the replacement. The checker put {owner} own back and "
+            f"compared with saved references; leave {owner} functions alone")
 
 
 def describe(what: str, before: tuple, after: tuple, seeded: list, replaced: list[str]) -> list[str]:
