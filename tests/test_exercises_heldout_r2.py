@@ -233,3 +233,21 @@ def test_an_answer_that_replaces_attnlibs_reference_is_refused(monkeypatch, in_p
     result = E.check_stable_softmax(softmax_patching_attnlib)
     assert not result.passed and "replaced torch's or attnlib's own attnlib.attention.softmax" in result.message
     assert torch.equal(attnlib.softmax(torch.tensor([0.0, 0.0])), torch.tensor([0.5, 0.5]))
+
+
+# ---------------- Ulysses's all-to-all (chapter 17) ----------------
+def s2h_einops_style(blocks):
+    """Correct, numpy-like: join the sequence, then split the heads into W contiguous groups."""
+    full = torch.cat(blocks, dim=-2)                             # (B, H, T, Dh)
+    B, H, T, Dh = full.shape
+    return list(full.reshape(B, len(blocks), H // len(blocks), T, Dh).movedim(1, 0))
+
+
+def s2h_batch_chunked(blocks):
+    return list(torch.cat(blocks, dim=-2).tensor_split(len(blocks), dim=0))
+
+
+def test_seq_to_heads_styles_and_the_batch_chunked():
+    assert E.check_seq_to_heads(s2h_einops_style).passed
+    message = E.check_seq_to_heads(s2h_batch_chunked).message
+    assert "the batch axis (dim 0) chunked instead of the heads" in message, message
