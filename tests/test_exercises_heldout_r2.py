@@ -78,6 +78,23 @@ def tile_wrong_way(q, k, v, m_i, l_i, acc, scale):
     return m_ij, alpha * l_i + p.sum(-1), alpha[..., None] * acc + torch.einsum("nts,nsd->ntd", p, v)
 
 
+@bad("check_tile_step", "p against m_i, m_ij where m_i is -inf", "m_new only where m_old = -inf")
+def tile_old_max_guarded(q, k, v, m_i, l_i, acc, scale):
+    s = torch.einsum("ntd,nsd->nts", q, k) * scale
+    m_ij = torch.maximum(m_i, s.amax(-1))
+    p = torch.exp(s - torch.where(torch.isinf(m_i), m_ij, m_i)[..., None])
+    alpha = torch.exp(m_i - m_ij)
+    return m_ij, alpha * l_i + p.sum(-1), alpha[..., None] * acc + torch.einsum("nts,nsd->ntd", p, v)
+
+
+@bad("check_merge_partials", "factors crossed in l only", "the factors crossed in the sums")
+def merge_crossed_l(m1, l1, acc1, m2, l2, acc2):
+    m = torch.maximum(m1, m2)
+    ref = m.masked_fill(m.isneginf(), 0.0)
+    a, b = (m1 - ref).exp(), (m2 - ref).exp()
+    return m, l1 * b + l2 * a, acc1 * a[..., None] + acc2 * b[..., None]
+
+
 # ---------------- top-p ----------------
 @ok("check_top_p_filter", "transformers TopPLogitsWarper (ascending, 1 - p)")
 def top_p_hf(scores, top_p):
@@ -113,6 +130,14 @@ def top_p_relu(logits, p):
     sp, idx = pr.sort(-1, descending=True)
     drop = sp.cumsum(-1) - sp >= p
     return logits.masked_fill(drop.scatter(-1, idx, drop), float("-inf"))
+
+
+@bad("check_top_p_filter", "logits over their sum", "the logits divided by their sum, z / Σz")
+def top_p_over_sum(logits, p):
+    probs = logits / logits.sum(dim=-1, keepdim=True)
+    sp, idx = torch.sort(probs, dim=-1, descending=True)
+    remove = torch.cumsum(sp, dim=-1) - sp >= p
+    return logits.masked_fill(remove.scatter(-1, idx, remove), float("-inf"))
 
 
 # ---------------- left-padded positions, parameter count ----------------

@@ -37,7 +37,8 @@ def _tile_step(q, k, v, m, l, acc, scale, *, rescale_l: bool = True, rescale_acc
     m_new = torch.maximum(m, m_tile)  # (N, T)
     ref, old = _safe(m_new), m_tile if old_ref == "tile" else m
     alpha = exp(ref - old) if wrong_way else exp(old - ref)  # (N, T)
-    p = exp(s - {"tile": m_tile, "m_old": m}.get(p_ref, ref)[..., None])  # (N, T, tk)
+    m_old_safe = torch.where(m.isneginf(), ref, m)  # the old max, or m_new where there is none yet
+    p = exp(s - {"tile": m_tile, "m_old": m, "m_old_safe": m_old_safe}.get(p_ref, ref)[..., None])  # (N, T, tk)
     l = (l * alpha if rescale_l else l) + p.sum(dim=-1)
     acc = (acc * alpha[..., None] if rescale_acc else acc) + p @ v
     return m if keep_m else m_new, l, acc / l[..., None] if normalize else acc
@@ -93,6 +94,10 @@ def _mistakes(q, k, v, s, scale, tile, true_max, shapes, first: int = 0) -> dict
         "p = exp(s - m_old), the tile's scores against the old max, added to l and acc rescaled to m_new: use "
         "exp(s - m_new); on the first tile m_old = -inf, so p = exp(+inf) = inf and l and acc become inf and NaN":
             variant(p_ref="m_old"),
+        "p = exp(s - m_old), the tile's scores against the old max (m_new only where m_old = -inf), added to l and "
+        "acc rescaled to m_new: where the max grows, the tile's terms are too large by exp(m_new - m_old) (inf once "
+        "it grows by more than about 88); use exp(s - m_new)":
+            variant(p_ref="m_old_safe"),
         "acc divided by l after every tile, then rescaled next time as if it were not: keep acc unnormalized "
         "and divide once at the end": variant(normalize=True),
         "returned the old m: the new state's m is m_new = max(m, rowmax s)": variant(keep_m=True),

@@ -28,6 +28,12 @@ def _linear(z: torch.Tensor) -> torch.Tensor:
     return z / z.sum(-1, keepdim=True).clamp_min(1e-30)
 
 
+def _nucleus(scores: torch.Tensor, p: float) -> torch.Tensor:
+    """The nucleus (in vocabulary order) that `scores` taken for probabilities would give."""
+    desc, order = scores.sort(-1, descending=True)
+    return _unsort(_kept_before_p(desc, p), order)
+
+
 def top_p_mistakes(logits: torch.Tensor, p: float) -> dict[str, torch.Tensor]:
     probs = logits.softmax(-1)
     desc, order = probs.sort(-1, descending=True)
@@ -50,11 +56,13 @@ def top_p_mistakes(logits: torch.Tensor, p: float) -> dict[str, torch.Tensor]:
             keep(_unsort(_kept_before_p(logits.gather(-1, order), p), order)),
         "the probabilities taken as the logits shifted to start at 0 and divided by their sum, (z - min z) / "
         "Σ(z - min z), instead of softmax(z): a linear normalisation gives unlikely tokens far too much mass, so the "
-        "nucleus comes out too large; apply softmax (exp, then normalise) first": keep(_unsort(_kept_before_p(
-            _linear(logits - logits.amin(-1, keepdim=True)).gather(-1, order), p), order)),
+        "nucleus comes out too large; apply softmax (exp, then normalise) first":
+            keep(_nucleus(_linear(logits - logits.amin(-1, keepdim=True)), p)),
         "the probabilities taken as the positive logits divided by their sum, relu(z) / Σ relu(z), instead of "
-        "softmax(z): apply softmax (exp, then normalise) first": keep(_unsort(_kept_before_p(
-            _linear(logits.clamp_min(0)).gather(-1, order), p), order)),
+        "softmax(z): apply softmax (exp, then normalise) first": keep(_nucleus(_linear(logits.clamp_min(0)), p)),
+        "the probabilities taken as the logits divided by their sum, z / Σz, instead of softmax(z) (logits can be "
+        "negative, and so can their sum: the order even flips): apply softmax (exp, then normalise) first":
+            keep(_nucleus(logits / logits.sum(-1, keepdim=True), p)),
         "each token kept when its own probability is >= p (that is min-p-like): top-p sums the sorted "
         "probabilities until they reach p": keep(probs >= p),
         "the mask computed on the sorted probabilities applied to the logits in vocabulary order: scatter it "
