@@ -276,3 +276,74 @@ def test_seq_to_heads_styles_and_the_batch_chunked():
     assert E.check_seq_to_heads(s2h_einops_style).passed
     message = E.check_seq_to_heads(s2h_batch_chunked).message
     assert "the batch axis (dim 0) chunked instead of the heads" in message, message
+
+
+# ---------------- round 3 ----------------
+class _Liar(torch.Tensor):
+    """A subclass that answers every comparison with 'equal'."""
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        if getattr(func, "__name__", "") in ("allclose", "equal"):
+            return True
+        return super().__torch_function__(func, types, args, kwargs or {})
+
+
+def merge_liar(m1, l1, acc1, m2, l2, acc2):
+    return tuple(torch.zeros_like(t).as_subclass(_Liar) for t in (m1, l1, acc1))
+
+
+def merge_inverse_cleaned(m1, l1, acc1, m2, l2, acc2):
+    m = torch.maximum(m1, m2)
+    f1, f2 = ((m - mi).exp().nan_to_num(0.0, posinf=0.0) for mi in (m1, m2))
+    return m, l1 * f1 + l2 * f2, acc1 * f1[..., None] + acc2 * f2[..., None]
+
+
+def top_p_dropped_result(logits, p):
+    probs, idx = logits.softmax(-1).sort(-1, descending=True)
+    drop = probs.cumsum(-1) - probs >= p
+    out = logits.clone()
+    out.masked_fill(drop.scatter(-1, idx, drop), float("-inf"))  # the result is dropped
+    return out
+
+
+@pytest.mark.parametrize("check, answer, phrase", [
+    ("check_merge_partials", merge_liar, "a torch.Tensor subclass with its own __torch_function__"),
+    ("check_merge_partials", merge_inverse_cleaned, "with the infinities that gives set to 0"),
+    ("check_top_p_filter", top_p_dropped_result, "removed no token at all")])
+def test_round3_answer_is_named(check, answer, phrase):
+    result = getattr(E, check)(answer)
+    assert not result.passed and phrase in result.message, result.message
+
+
+def test_a_parameter_returned_is_a_plain_enough_tensor():
+    result = E.check_split_heads(lambda x, num_heads: torch.nn.Parameter(_split(x, num_heads), requires_grad=False))
+    assert result.passed, result.message
+
+
+def residual_no_clamp(p, q):
+    d = p - q
+    return d / d.sum(-1, keepdim=True)
+
+
+def residual_hf_style(p, q):
+    """transformers' assisted decoding: clamp(min=0), then divide by the sum."""
+    p_prime = torch.clamp(p - q, min=0)
+    return p_prime / p_prime.sum(dim=-1, keepdim=True)
+
+
+def test_residual_without_the_clamp_is_named_and_hf_style_passes():
+    assert E.check_residual(residual_hf_style).passed
+    message = E.check_residual(residual_no_clamp).message
+    assert "(p - q) / Σ(p - q) without max(0, ·)" in message, message
+
+
+def quantize_uint8_scale(x):
+    scale = x.abs().amax(-1, keepdim=True) / 255
+    return torch.round(x / torch.where(scale > 0, scale, torch.ones_like(scale))).clamp(-128, 127).to(torch.int8), scale
+
+
+def test_int8_with_the_uint8_scale_clamped_to_int8_is_named():
+    message = E.check_int8_quantization(quantize_uint8_scale, lambda q, s: q.to(s.dtype) * s).message
+    assert "scale = max|x| / 255 (the range of uint8) with q clamped to int8's [-128, 127]" in message, message
+    assert "wraps around" not in message, message
