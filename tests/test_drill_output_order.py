@@ -97,3 +97,24 @@ def test_the_output_in_another_place_is_named():
     result = check_multi_head_attention(NoneFirst)
     assert not result.passed and "as item 1 of 2: the output must come first" in result.message, result.message
     assert "a caller unpacks `out, weights = mha(x)`" in result.message, result.message
+
+
+class HeadMeanKeepdim(FairseqStyle):
+    def forward(self, x, mask=None):
+        attn, probs = self.attend(x, mask)
+        return attn, probs.mean(dim=1, keepdim=True)
+
+
+class UnscaledWeights(FairseqStyle):
+    """The output right, but the weights returned recomputed from the unscaled scores."""
+
+    def forward(self, x, mask=None):
+        attn, probs = self.attend(x, mask)
+        return attn, (probs ** (self.head_dim ** 0.5)) / (probs ** (self.head_dim ** 0.5)).sum(-1, keepdim=True)
+
+
+@pytest.mark.parametrize("cls, phrase", [(HeadMeanKeepdim, "averaged over the heads"),
+                                         (UnscaledWeights, "c = sqrt(d_k): the unscaled scores")])
+def test_wrong_weights_are_named(cls, phrase):
+    result = check_multi_head_weights(cls)
+    assert not result.passed and phrase in result.message, result.message

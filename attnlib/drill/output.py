@@ -12,6 +12,7 @@ import torch
 
 from attnlib._checks import fmt_shape
 from attnlib.exercises._core import CandidateError, as_tensor, matching
+from attnlib.exercises._describe import fitted
 
 __all__ = ["unpack", "check_weights"]
 
@@ -101,7 +102,7 @@ def check_weights(weights: object, expected: torch.Tensor, call: str, need_weigh
     B, H, T, S = expected.shape
     w = as_tensor(weights, f"the attention weights returned by {call}")
     if w.shape != expected.shape:
-        hint = {(B, T, S): f": {_flat_weights(w, expected)}",
+        hint = {(B, T, S): f": {_flat_weights(w, expected)}", (B, 1, T, S): f": {_flat_weights(w[:, 0], expected)}",
                 (B, T, H, S): ": return them as (B, H, T, S)"}.get(tuple(w.shape), "")
         raise CandidateError(f"the attention weights returned by {call} have shape {fmt_shape(w.shape)}{hint}; "
                              f"expected (B, H, T, S) = {fmt_shape(expected.shape)}")
@@ -115,6 +116,10 @@ def check_weights(weights: object, expected: torch.Tensor, call: str, need_weigh
     if unmasked is not None:
         known["the attention weights of the scores before the mask: return the probabilities applied to v, with the mask"] = unmasked
     found = matching(w, known)
+    power = fitted(lambda c: expected ** c / (expected ** c).sum(-1, keepdim=True), w, 0.1, 10.0) if not found else None
+    if power is not None:  # softmax(c · s) = softmax(s)^c, renormalised: another scale in the returned weights only
+        found = [f"softmax(c · Q Kᵀ / sqrt(d_k)) with c = {power:.4g}: the weights returned use another scale than "
+                 f"the ones applied to v (c = sqrt(d_k): the unscaled scores Q Kᵀ); return the probabilities applied to v"]
     hint = (f": {found[0]}" if found else "" if matching(w.sum(-1), {"sums": expected.sum(-1)}) else
             " (their rows do not sum to 1: the scores before the softmax?)")
     raise CandidateError(f"the attention weights returned by {call} are not the probabilities applied to v, "
