@@ -347,3 +347,18 @@ def test_int8_with_the_uint8_scale_clamped_to_int8_is_named():
     message = E.check_int8_quantization(quantize_uint8_scale, lambda q, s: q.to(s.dtype) * s).message
     assert "scale = max|x| / 255 (the range of uint8) with q clamped to int8's [-128, 127]" in message, message
     assert "wraps around" not in message, message
+
+
+def gate_after_out(x, y, gate_weight, out_weight):
+    return F.linear(y, out_weight) * torch.sigmoid(F.linear(x, gate_weight))[..., :out_weight.shape[0]]
+
+
+def gate_qwen_style(x, y, gate_weight, out_weight):
+    """Qwen3-Next's gated attention: o_proj(attn_output * sigmoid(gate))."""
+    return F.linear(y * torch.sigmoid(F.linear(x, gate_weight)), out_weight)
+
+
+def test_the_gate_after_w_o_is_named_and_the_qwen_style_passes():
+    assert E.check_output_gate(gate_qwen_style).passed
+    message = E.check_output_gate(gate_after_out).message
+    assert "the gate applied after W_o" in message, message
