@@ -209,8 +209,6 @@ STYLES = {"nanoGPT c_attn/c_proj": NanoGPT, "transformers q_proj/o_proj": HFStyl
           "W_query/out_proj": Raschka, "W_Q/W_O forward(Q, K, V)": UpperCase,
           "linear_q/linear_out keyword-only": LinearNames, "Annotated Transformer ModuleList": AnnotatedTransformer,
           "NeoX per-head fused": NeoX, "einsum ModuleDict": EinsumDict, "nested fused kv": Nested,
-          "returns (weights, out)": type("Swapped", (HFStyle,), {"forward": lambda s, x, mask=None:
-                                                                  HFStyle.forward(s, x, mask)[::-1]}),
           "returns (out, None)": type("WithNone", (NanoGPT,), {"forward": lambda s, x, mask=None:
                                                                 (NanoGPT.forward(s, x, mask), None)}),
           "mask without a default": type("Required", (HFStyle,), {"forward": _mask_required}),

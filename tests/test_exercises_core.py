@@ -33,6 +33,12 @@ def test_known_mistake_is_named():
     assert not result.passed and "you added 2 instead of doubling" in result.message
 
 
+def test_a_known_mistake_with_an_off_by_one_on_top_is_named_as_both():
+    result = check_double(lambda x: x + 3)
+    assert "it matches you added 2 instead of doubling, and +1 on top of that (an off-by-one)" in result.message, \
+        result.message
+
+
 def test_an_unknown_mistake_is_described_by_its_structure():
     result = check_double(lambda x: x * 3)
     assert "it is the expected result times 1.5" in result.message, result.message

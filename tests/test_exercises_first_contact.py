@@ -385,7 +385,7 @@ class CrossKeysFromX(torch.nn.Module):
 # ---- round 2 of the outside adversary
 
 
-@bad("check_left_pad_positions", "the padding counted instead of the real tokens (the mask inverted), and +1 on top")
+@bad("check_left_pad_positions", "the padding before each slot counted instead of the real tokens")
 def positions_count_padding(attention_mask):
     return (1 - attention_mask.long()).cumsum(-1)
 

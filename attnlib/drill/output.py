@@ -1,8 +1,9 @@
 """The interview drill's output checks: what the reader's forward returned, and what it should have.
 
-forward returns out (B, T, D), or a tuple in which exactly one element has that shape (the others may be
-the attention weights (B, H, T, S), in any order); anything else gets a message that says what came back and,
-for the shapes readers often return by mistake, why.
+forward returns out (B, T, D), or a tuple whose first element is out and no other has its shape (the others
+may be the attention weights (B, H, T, S) or None), as nn.MultiheadAttention returns (out, weights): a caller
+unpacks `out, weights = mha(x)`. Anything else gets a message that says what came back and, for the shapes
+readers often return by mistake (the weights first, the heads never merged), why.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import torch
 
 from attnlib._checks import fmt_shape
 from attnlib.exercises._core import CandidateError, as_tensor, matching
+from attnlib.exercises._describe import fitted
 
 __all__ = ["unpack", "check_weights"]
 
@@ -32,6 +34,15 @@ def _shape_mistakes(B: int, T: int, S: int, D: int, H: int) -> dict[tuple[int, .
     return known
 
 
+def _not_first(value: tuple | list, i: int, call: str, weights_shape: tuple[int, ...]) -> str:
+    """Why a tuple with the output (B, T, D) at item i > 0 is refused."""
+    if len(value) == 2 and _shape(value[0]) == weights_shape:
+        return (f"{call} returns (weights, out): the output must come first, as nn.MultiheadAttention and the "
+                f"exercise return it (a caller unpacks `out, weights = mha(x)`): return out, weights")
+    return (f"{call} returns the output (B, T, D) as item {i} of {len(value)}: the output must come first, as "
+            f"nn.MultiheadAttention returns (out, weights) (a caller unpacks `out, weights = mha(x)`)")
+
+
 def unpack(value: object, call: str, x: torch.Tensor, S: int, num_heads: int,
            need_weights: bool) -> tuple[torch.Tensor, object]:
     """(out, weights or None) from what forward returned; CandidateError if it holds no single out (B, T, D)."""
@@ -45,11 +56,13 @@ def unpack(value: object, call: str, x: torch.Tensor, S: int, num_heads: int,
             shapes = ", ".join(fmt_shape(s) if (s := _shape(item)) else type(item).__name__ for item in value)
             raise CandidateError(f"{call} returned a {type(value).__name__} of {len(value)} items ({shapes}), "
                                  f"{len(outs)} of them of shape (B, T, D) = {fmt_shape((B, T, D))}: return out, "
-                                 f"or a tuple with exactly one such tensor, the output (the others may be the attention weights)")
-        i = outs[0] if outs else 0
-        rest = [item for j, item in enumerate(value) if j != i]
+                                 f"or a tuple with exactly one such tensor, the output, first (the others may be the "
+                                 f"attention weights)")
+        if outs and outs[0] != 0:
+            raise CandidateError(_not_first(value, outs[0], call, (B, num_heads, T, S)))
+        rest = list(value[1:])
         weights = next((w for w in rest if _shape(w) == (B, num_heads, T, S)), rest[0] if len(rest) == 1 else None)
-        value = value[i]
+        value = value[0]
     elif need_weights:
         raise CandidateError(f"{call} returned only out: this exercise returns (out, attention weights), "
                              f"attention weights (B, H, T, S) = {fmt_shape((B, num_heads, T, S))}")
@@ -89,7 +102,7 @@ def check_weights(weights: object, expected: torch.Tensor, call: str, need_weigh
     B, H, T, S = expected.shape
     w = as_tensor(weights, f"the attention weights returned by {call}")
     if w.shape != expected.shape:
-        hint = {(B, T, S): f": {_flat_weights(w, expected)}",
+        hint = {(B, T, S): f": {_flat_weights(w, expected)}", (B, 1, T, S): f": {_flat_weights(w[:, 0], expected)}",
                 (B, T, H, S): ": return them as (B, H, T, S)"}.get(tuple(w.shape), "")
         raise CandidateError(f"the attention weights returned by {call} have shape {fmt_shape(w.shape)}{hint}; "
                              f"expected (B, H, T, S) = {fmt_shape(expected.shape)}")
@@ -103,6 +116,10 @@ def check_weights(weights: object, expected: torch.Tensor, call: str, need_weigh
     if unmasked is not None:
         known["the attention weights of the scores before the mask: return the probabilities applied to v, with the mask"] = unmasked
     found = matching(w, known)
+    power = fitted(lambda c: expected ** c / (expected ** c).sum(-1, keepdim=True), w, 0.1, 10.0) if not found else None
+    if power is not None:  # softmax(c · s) = softmax(s)^c, renormalised: another scale in the returned weights only
+        found = [f"softmax(c · Q Kᵀ / sqrt(d_k)) with c = {power:.4g}: the weights returned use another scale than "
+                 f"the ones applied to v (c = sqrt(d_k): the unscaled scores Q Kᵀ); return the probabilities applied to v"]
     hint = (f": {found[0]}" if found else "" if matching(w.sum(-1), {"sums": expected.sum(-1)}) else
             " (their rows do not sum to 1: the scores before the softmax?)")
     raise CandidateError(f"the attention weights returned by {call} are not the probabilities applied to v, "

@@ -82,6 +82,16 @@ def _exited(what: str, exc: SystemExit) -> str:
             f"{reader_line(exc)}: your code must return its result, not end the program")
 
 
+def _own_override(value: object, depth: int = 0) -> str | None:
+    """The name of a torch.Tensor subclass in `value` (or in a tuple, list or dict of it) whose __torch_function__
+    is the reader's own: it would answer the checker's comparisons (allclose, eq, sub) itself."""
+    if isinstance(value, torch.Tensor):
+        code = getattr(getattr(type(value).__torch_function__, "__func__", None), "__code__", None)
+        return type(value).__name__ if code is not None and not library_file(code.co_filename) else None
+    items = value.values() if isinstance(value, dict) else value if isinstance(value, (tuple, list)) else ()
+    return next((n for v in list(items)[:64] if depth < 3 and (n := _own_override(v, depth + 1))), None)
+
+
 def run(candidate: Callable, *args, what: str = "your function", **kwargs):
     """Call the reader's code under a time limit; turn its exceptions into CandidateError (NotImplementedError:
     not attempted), and so a hang, sys.exit() or os._exit() and any change it leaves in global state (_state).
@@ -110,6 +120,10 @@ def run(candidate: Callable, *args, what: str = "your function", **kwargs):
         raise CandidateError(f"{what} raised {type(exc).__name__}: {exc}{reader_line(exc)}{_hint(exc)}") from None
     if changes:
         raise CandidateError("; and ".join(changes))
+    liar = _own_override(result)
+    if liar:
+        raise CandidateError(f"{what} returned a {liar}, a torch.Tensor subclass with its own __torch_function__: "
+                             f"it would answer the checker's comparisons itself. Return plain torch.Tensors")
     changed = [name for name, v, c in zip(arg_names(candidate, args, kwargs), values, copies)
                if c is not None and not _unchanged(c, v)]
     if changed:

@@ -1,7 +1,8 @@
 """Global state a reader's code may change and leave changed, each put back and named (_guard uses it).
 
-torch's default dtype, grad mode, default device and random seed; deterministic mode, anomaly detection
-and the thread count; print options and the recursion limit; and torch's own functions: an answer that
+torch's default dtype, grad mode, inference mode, default device and random seed; deterministic mode, anomaly
+detection, flush-denormal mode and the thread count; print options, the recursion limit and the warnings
+filters that turn every warning into an error (or hide them all); and torch's own functions: an answer that
 replaces `torch.equal` or `torch.Tensor.__eq__` gets the original back and is told so. The originals are
 captured when attnlib.exercises is imported, so a replacement made earlier in the session is found too
 (`restore_torch`). os._exit, os.abort, os.kill of this process and signal.raise_signal are replaced for the
@@ -22,18 +23,25 @@ import torch
 import torch.nn.functional as F
 from torch import _tensor_str  # torch.set_printoptions has no public getter
 
-from attnlib.exercises._state_text import describe
+from attnlib.exercises._state_modes import flush_denormal, restore_modes
+from attnlib.exercises._state_text import describe, modes_text
 
 __all__ = ["changed_state", "restore_torch", "ExitCalled"]
 
 _WATCHED = {"torch": torch, "torch.nn.functional": F, "torch.Tensor": torch.Tensor, "torch.linalg": torch.linalg,
-            "torch.testing": torch.testing,  # and attnlib's references, which the checkers compare with
-            **{name: sys.modules[name] for name in ("attnlib", "attnlib.attention", "attnlib.masks", "attnlib.positional")}}
+            "torch.testing": torch.testing}
+
+
+def _spaces() -> dict[str, object]:
+    """The namespaces watched: torch's, and every attnlib module loaded (the references the checkers compare
+    with, and the names a checker module imported them under)."""
+    return {**_WATCHED, **{name: module for name, module in list(sys.modules.items())
+                           if (name == "attnlib" or name.startswith("attnlib.")) and module is not None}}
 
 
 def _functions() -> dict[tuple[str, str], object]:
-    """(namespace, name) -> the callable, for torch's public functions and torch.Tensor's methods."""
-    return {(space, name): value for space, obj in _WATCHED.items() for name, value in vars(obj).items()
+    """(namespace, name) -> the callable, for torch's and attnlib's public functions and torch.Tensor's methods."""
+    return {(space, name): value for space, obj in _spaces().items() for name, value in vars(obj).items()
             if callable(value) and (space == "torch.Tensor" or not name.startswith("_"))
             and (space, name) != ("torch", "Storage")}  # torch.set_default_dtype rebinds it: named as that
 
@@ -74,7 +82,7 @@ def restore_torch(saved: dict | None = None) -> list[str]:
         if new is not None and _by_library(new, saved):
             saved[space, name] = _ORIGINAL[space, name] = new
             continue
-        setattr(_WATCHED[space], name, value)
+        setattr(_spaces()[space], name, value)
         found.append(f"{space}.{name}")
     for space, name in now.keys() - saved.keys():
         if space == "torch.Tensor" and any(hasattr(base, name) for base in torch.Tensor.__bases__):  # shadows one
@@ -90,6 +98,7 @@ def _snapshot() -> tuple:
 _SWITCHES = (("torch.use_deterministic_algorithms", torch.are_deterministic_algorithms_enabled,
               torch.use_deterministic_algorithms),
              ("torch.autograd.set_detect_anomaly", torch.is_anomaly_enabled, torch.autograd.set_detect_anomaly),
+             ("torch.set_flush_denormal", flush_denormal, torch.set_flush_denormal),
              ("torch.set_num_threads", torch.get_num_threads, torch.set_num_threads),
              ("torch.set_printoptions", _tensor_str.get_printoptions, lambda old: torch.set_printoptions(**old)),
              ("sys.setrecursionlimit", sys.getrecursionlimit, sys.setrecursionlimit))
@@ -150,7 +159,7 @@ def changed_state(what: str) -> Iterator[list[str]]:
         setattr(module, name, _no_exit(f"{module.__name__.replace('posix', 'os')}.{name}",
                                        function if name == "kill" else None))
     try:
-        with _restore_switches(what) as flipped:
+        with restore_modes() as modes, _restore_switches(what) as flipped:
             yield found
     finally:
         for (module, name), function in zip(_ENDERS, enders):
@@ -164,4 +173,4 @@ def changed_state(what: str) -> Iterator[list[str]]:
         if device != before[2]:  # None: no default-device mode at all, as before
             torch.set_default_device(None if before[2] == torch.device("cpu") else before[2])
         replaced = restore_torch(saved)
-        found += describe(what, before, (dtype, grad, device), seeded, replaced) + flipped
+        found += modes_text(what, modes) + describe(what, before, (dtype, grad, device), seeded, replaced) + flipped

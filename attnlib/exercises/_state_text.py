@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
-__all__ = ["describe", "replaced_text"]
+__all__ = ["describe", "replaced_text", "modes_text"]
 
 
 def replaced_text(who: str, replaced: list[str]) -> str:
     """Why replacing torch's own functions is refused, naming them."""
-    owner = "torch's own" if all(n.startswith("torch") for n in replaced) else "torch's or attnlib's own"
-    return (f"{who} replaced {owner} {', '.join(replaced)} (an assignment such as `torch.equal = ...`): every "
-            f"check, yours and the checker's, would then use the replacement. The checker put torch's own back and "
-            f"compared with saved references; leave torch's functions alone")
+    owner = "torch's" if all(n.startswith("torch") for n in replaced) else "torch's or attnlib's"
+    return (f"{who} replaced {owner} own {', '.join(replaced)} (an assignment such as `torch.equal = ...`): every "
+            f"check, yours and the checker's, would then use the replacement. The checker put {owner} own back and "
+            f"compared with saved references; leave {owner} functions alone")
 
 
 def describe(what: str, before: tuple, after: tuple, seeded: list, replaced: list[str]) -> list[str]:
@@ -33,4 +33,23 @@ def describe(what: str, before: tuple, after: tuple, seeded: list, replaced: lis
         found.append(f"{what} calls torch.manual_seed({seeded[0]}): it resets the global random generator every "
                      f"time, so dropout would drop the same units at every step and every random draw in your "
                      f"session would repeat. Seed once, outside the module")
+    return found
+
+
+def modes_text(what: str, modes: list[tuple[str, object]]) -> list[str]:
+    """The words for an inference mode left on and for blanket warnings filters (_state._restore_modes)."""
+    found = []
+    for kind, detail in modes:
+        if kind == "inference":
+            found.append(f"{what} entered torch.inference_mode() and never left it (`__enter__()` without "
+                         f"`__exit__()`): every tensor made afterwards in your session would be an inference tensor "
+                         f"that autograd refuses. The checker switched it off; use a `with torch.inference_mode():` "
+                         f"block, which leaves it")
+        else:
+            found.append(f"{what} called warnings.simplefilter({detail!r}) (or filterwarnings) and left it set: "
+                         + ("every warning in the rest of your session would be raised as an exception" if
+                            detail == "error" else "every warning in the rest of your session would be " +
+                            ("hidden" if detail == "ignore" else f"handled as {detail!r}"))
+                         + ". The checker put the warnings filters back; use a `with warnings.catch_warnings():` "
+                         "block, which restores them")
     return found

@@ -79,6 +79,9 @@ def check_left_pad_positions(fn: Callable[[torch.Tensor], torch.Tensor]) -> str:
         "positions that start at 1: the cumulative sum counts the token itself, so subtract 1": count,
         "a cumulative sum over the batch axis (dim=0) instead of along each sequence (dim=-1)":
             mask.cumsum(dim=0) - 1,
+        "the padding before each slot counted instead of the real tokens ((1 - mask).cumsum(-1), the mask "
+        "inverted): a real token's position is the number of real tokens before it, mask.cumsum(-1) - 1":
+            (1 - mask).cumsum(dim=-1),
         "the padding counted instead of the real tokens (the mask inverted)": (1 - mask).cumsum(dim=-1) - 1,
     }
     expect_close(got[real], (count - 1)[real], f"{what}, at the real tokens",

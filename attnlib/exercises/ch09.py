@@ -21,10 +21,10 @@ from attnlib.exercises.ch09_tile import check_tile_step
 __all__ = ["check_online_logsumexp", "check_merge_partials", "check_tile_step"]
 
 
-
 def _merge(a: State, b: State, *, rescale_l: bool = True, rescale_acc: bool = True,
            wrong_way: bool = False, naive_inf: bool = False, keep_first_max: bool = False,
-           reference=torch.maximum, normalized: bool = False, as_outputs: bool = False) -> State:
+           reference=torch.maximum, normalized: bool = False, as_outputs: bool = False,
+           crossed: str = "", zeroed: bool = False) -> State:
     """The correct merge of two partial results, or (with a flag) one classic mistake."""
     (m1, l1, acc1), (m2, l2, acc2) = a, b
     if keep_first_max:  # block 1's max as the reference: its own factor is 1
@@ -33,8 +33,12 @@ def _merge(a: State, b: State, *, rescale_l: bool = True, rescale_acc: bool = Tr
     m = reference(m1, m2)
     ref = m if naive_inf else _safe(m)
     f1, f2 = (torch.exp(ref - m1), torch.exp(ref - m2)) if wrong_way else (torch.exp(m1 - ref), torch.exp(m2 - ref))
-    l = l1 * f1 + l2 * f2 if rescale_l else l1 + l2
-    acc = acc1 * f1[..., None] + acc2 * f2[..., None] if rescale_acc else acc1 + acc2
+    if zeroed:  # inf and NaN factors set to 0 (nan_to_num(0, posinf=0))
+        f1, f2 = f1.nan_to_num(0.0, posinf=0.0), f2.nan_to_num(0.0, posinf=0.0)
+    g1, g2 = (f2, f1) if crossed in ("both", "l") else (f1, f2)  # crossed: block i scaled by the other's factor
+    l = l1 * g1 + l2 * g2 if rescale_l else l1 + l2
+    g1, g2 = (f2, f1) if crossed in ("both", "acc") else (f1, f2)
+    acc = acc1 * g1[..., None] + acc2 * g2[..., None] if rescale_acc else acc1 + acc2
     if as_outputs:  # acc1, acc2 taken for normalized outputs o_i, weighted by l_i · f_i / l
         acc = (acc1 * (l1 * f1)[..., None] + acc2 * (l2 * f2)[..., None]) / l[..., None].clamp_min(1e-30)
     if normalized:  # the output o = acc / l returned in acc's place
@@ -56,6 +60,14 @@ _MERGE_MISTAKES = {
     "apart), and exp(-inf - (-inf)) = NaN where a block is empty; m = max(m1, m2), with 0 as the reference where "
     "m = -inf": dict(reference=torch.minimum, naive_inf=True),
     "rescaled the wrong way: exp(m - m1) instead of exp(m1 - m)": dict(wrong_way=True),
+    "rescaled the wrong way: exp(m - m_i) instead of exp(m_i - m), with the infinities that gives set to 0; "
+    "exp(m_i - m) is at most 1 and needs no clean-up": dict(wrong_way=True, zeroed=True),
+    "the factors crossed: block 1's l and acc scaled by exp(m2 - m) and block 2's by exp(m1 - m); each block's "
+    "l and acc are measured from its own max, so block i needs exp(m_i - m)": dict(crossed="both"),
+    "the factors crossed in the sums: l = l1·exp(m2 - m) + l2·exp(m1 - m); block i's l is measured from its own "
+    "max, so it needs exp(m_i - m), as its acc has": dict(crossed="l"),
+    "the factors crossed in the accumulators: acc = acc1·exp(m2 - m) + acc2·exp(m1 - m); block i's acc is "
+    "measured from its own max, so it needs exp(m_i - m), as its l has": dict(crossed="acc"),
     "kept the first block's max as the reference: exp(m2 - m1) overflows when the second block's scores "
     "are larger; use m = max(m1, m2)": dict(keep_first_max=True),
     "NaN from exp(-inf - (-inf)) for a row that is empty in both blocks: use 0 as the reference where "

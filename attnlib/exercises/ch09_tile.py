@@ -37,18 +37,22 @@ def _tile_step(q, k, v, m, l, acc, scale, *, rescale_l: bool = True, rescale_acc
     m_new = torch.maximum(m, m_tile)  # (N, T)
     ref, old = _safe(m_new), m_tile if old_ref == "tile" else m
     alpha = exp(ref - old) if wrong_way else exp(old - ref)  # (N, T)
-    p = exp(s - (m_tile if p_ref == "tile" else ref)[..., None])  # (N, T, tk)
+    m_old_safe = torch.where(m.isneginf(), ref, m)  # the old max, or m_new where there is none yet
+    p = exp(s - {"tile": m_tile, "m_old": m, "m_old_safe": m_old_safe}.get(p_ref, ref)[..., None])  # (N, T, tk)
     l = (l * alpha if rescale_l else l) + p.sum(dim=-1)
     acc = (acc * alpha[..., None] if rescale_acc else acc) + p @ v
     return m if keep_m else m_new, l, acc / l[..., None] if normalize else acc
 
 
-def _run_tiles(step: Callable[..., State], q, k, v, scale, tile: int, what: str) -> State:
-    """Drive step over the key tiles of k, v from the empty state; return the final state."""
+def _run_tiles(step: Callable[..., State], q, k, v, scale, tile: int, what: str, first: int = 0) -> State:
+    """Drive step over the key tiles of k, v from tile `first` on: from the empty state (m = -inf), or from the
+    right state after the tiles before it; return the final state."""
     N, T = q.shape[:2]
     shapes = ((N, T), (N, T), (N, T, v.shape[-1]))
     state: State = (torch.full((N, T), _NEG_INF), torch.zeros(N, T), torch.zeros(*shapes[2]))
-    for j in range(0, k.shape[1], tile):
+    if first:
+        state = _tile_step(q, k[:, :first * tile], v[:, :first * tile], *state, scale)
+    for j in range(first * tile, k.shape[1], tile):
         state = run(step, q, k[:, j:j + tile], v[:, j:j + tile], *(t.clone() for t in state), scale, what=what)
         state = checked_state(state, f"{what} on keys {j}..{min(j + tile, k.shape[1]) - 1}", shapes)
     return state
@@ -70,12 +74,13 @@ def _other_forms(state: State, scale: float) -> dict[str, State]:
     }
 
 
-def _mistakes(q, k, v, s, scale, tile, true_max, shapes) -> dict[str, torch.Tensor]:
-    """What each classic mistake ends with, comparable with the reference, by name."""
+def _mistakes(q, k, v, s, scale, tile, true_max, shapes, first: int = 0) -> dict[str, torch.Tensor]:
+    """What each classic mistake ends with (run from tile `first` on, see _run_tiles), comparable with the
+    reference, by name."""
     def variant(used_scale: float = scale, keys: slice = slice(None), **kw) -> torch.Tensor:
         def step(q, k, v, m, l, acc, _):
             return _tile_step(q, k[:, keys], v[:, keys], m, l, acc, used_scale, **kw)
-        return _comparable(_run_tiles(step, q, k, v, scale, tile, ""), true_max, "", shapes)
+        return _comparable(_run_tiles(step, q, k, v, scale, tile, "", first), true_max, "", shapes)
     mistakes = {
         "forgot to rescale the running sum: l must be multiplied by exp(m_old - m_new) when the max grows":
             variant(rescale_l=False),
@@ -86,6 +91,13 @@ def _mistakes(q, k, v, s, scale, tile, true_max, shapes) -> dict[str, torch.Tens
         "exp(m_old - m_new), with the running max they were kept relative to": variant(old_ref="tile"),
         "p = exp(s - m_tile) is relative to the tile's own max, but it is added to l and acc kept relative to "
         "m_new: use exp(s - m_new)": variant(p_ref="tile"),
+        "p = exp(s - m_old), the tile's scores against the old max, added to l and acc rescaled to m_new: use "
+        "exp(s - m_new); on the first tile m_old = -inf, so p = exp(+inf) = inf and l and acc become inf and NaN":
+            variant(p_ref="m_old"),
+        "p = exp(s - m_old), the tile's scores against the old max (m_new only where m_old = -inf), added to l and "
+        "acc rescaled to m_new: where the max grows, the tile's terms are too large by exp(m_new - m_old) (inf once "
+        "it grows by more than about 88); use exp(s - m_new)":
+            variant(p_ref="m_old_safe"),
         "acc divided by l after every tile, then rescaled next time as if it were not: keep acc unnormalized "
         "and divide once at the end": variant(normalize=True),
         "returned the old m: the new state's m is m_new = max(m, rowmax s)": variant(keep_m=True),
@@ -131,7 +143,13 @@ def check_tile_step(fn: Callable[..., State]) -> str:
         if not final[1].any():
             raise CandidateError(f"{_STEP} left l at 0 after every tile: l is the running sum Σ exp(s - m), which "
                                  f"grows with each tile (if m carries the logsumexp and acc is normalized, l is 1)")
-    expect_close(got, expected, _STEP, mistakes=_mistakes(q, k, v, s, scale, tile, true_max, shapes), atol=1e-4)
+    mistakes = _mistakes(q, k, v, s, scale, tile, true_max, shapes)
+    found = matching(got, mistakes, atol=1e-4)
+    if len(found) > 1 and got.isnan().any():  # NaN from m = -inf on the first tile: told apart from a finite state
+        later = _comparable(_run_tiles(fn, q, k, v, scale, tile, _STEP, first=1), true_max, _STEP, shapes)
+        told = matching(later, _mistakes(q, k, v, s, scale, tile, true_max, shapes, first=1), atol=1e-4)
+        mistakes = {name: mistakes[name] for name in found if name in told} or mistakes
+    expect_close(got, expected, _STEP, mistakes=mistakes, atol=1e-4)
     return done
 
 

@@ -13,6 +13,7 @@ from collections.abc import Callable
 import torch
 
 from attnlib.exercises._core import CandidateError, as_tensor, checker, full_precision, matching, run
+from attnlib.exercises._expect import either
 from attnlib.exercises.ch12_top_p_mistakes import named_by_size, nucleus_size, other_p, top_p_mistakes
 
 __all__ = ["check_top_p_filter"]
@@ -81,6 +82,10 @@ def _check_case(fn: Callable, logits: torch.Tensor, p: float, mistakes: dict[str
     got = _as_filtered(as_tensor(run(fn, logits.clone(), p, what=what), what, shape=logits.shape), logits, what)
     kept, probs = ~got.isneginf(), logits.softmax(-1)
     found = matching(_finite(got), {name: _finite(m) for name, m in mistakes.items()})
+    if kept.all() and bool((nucleus_size(probs, p) < logits.shape[-1]).any()):
+        raise CandidateError(f"{what} removed no token at all: every logit is still finite (was masked_fill's "
+                             f"result dropped? it returns a new tensor: assign it, or call masked_fill_ on your copy)"
+                             + (f"; on these logits that is also what {either(found)} gives" if found else ""))
     if not bool(kept.any(-1).all()):
         raise CandidateError(f"{what} removed every token of a row (softmax would give NaN): the most likely "
                              f"token always stays" + (f"; it matches {' and '.join(found)}" if found else ""))

@@ -23,6 +23,17 @@ def _kept_before_p(sorted_values: torch.Tensor, p: float) -> torch.Tensor:
     return sorted_values.cumsum(-1) - sorted_values < p
 
 
+def _linear(z: torch.Tensor) -> torch.Tensor:
+    """Non-negative scores normalised by their sum per row (a softmax without the exp)."""
+    return z / z.sum(-1, keepdim=True).clamp_min(1e-30)
+
+
+def _nucleus(scores: torch.Tensor, p: float) -> torch.Tensor:
+    """The nucleus (in vocabulary order) that `scores` taken for probabilities would give."""
+    desc, order = scores.sort(-1, descending=True)
+    return _unsort(_kept_before_p(desc, p), order)
+
+
 def top_p_mistakes(logits: torch.Tensor, p: float) -> dict[str, torch.Tensor]:
     probs = logits.softmax(-1)
     desc, order = probs.sort(-1, descending=True)
@@ -43,6 +54,15 @@ def top_p_mistakes(logits: torch.Tensor, p: float) -> dict[str, torch.Tensor]:
             keep(_unsort(_kept_before_p(asc, p), order_asc)),
         "the cumulative sum of the logits instead of the probabilities: apply softmax first":
             keep(_unsort(_kept_before_p(logits.gather(-1, order), p), order)),
+        "the probabilities taken as the logits shifted to start at 0 and divided by their sum, (z - min z) / "
+        "Σ(z - min z), instead of softmax(z): a linear normalisation gives unlikely tokens far too much mass, so the "
+        "nucleus comes out too large; apply softmax (exp, then normalise) first":
+            keep(_nucleus(_linear(logits - logits.amin(-1, keepdim=True)), p)),
+        "the probabilities taken as the positive logits divided by their sum, relu(z) / Σ relu(z), instead of "
+        "softmax(z): apply softmax (exp, then normalise) first": keep(_nucleus(_linear(logits.clamp_min(0)), p)),
+        "the probabilities taken as the logits divided by their sum, z / Σz, instead of softmax(z) (logits can be "
+        "negative, and so can their sum: the order even flips): apply softmax (exp, then normalise) first":
+            keep(_nucleus(logits / logits.sum(-1, keepdim=True), p)),
         "each token kept when its own probability is >= p (that is min-p-like): top-p sums the sorted "
         "probabilities until they reach p": keep(probs >= p),
         "the mask computed on the sorted probabilities applied to the logits in vocabulary order: scatter it "

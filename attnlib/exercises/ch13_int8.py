@@ -57,6 +57,8 @@ def _mistakes(x: torch.Tensor) -> dict[str, torch.Tensor]:
         "scale = max|x| / 255 (the range of uint8) with signed int8: entries beyond 127 steps overflow":
             _round_trip(x, amax / 255, clamp=False, wrap=True),
         "scale = max|x| / 255 with signed int8: entries beyond 127 steps are clipped": _round_trip(x, amax / 255),
+        "scale = max|x| / 255 (the range of uint8) with q clamped to int8's [-128, 127]: entries beyond 127 steps "
+        "are clipped; symmetric int8 uses scale = max|x| / 127": _round_trip(x, amax / 255, lo=-128),
         "the scale from max(x) instead of max(|x|): negative entries larger in size are clipped":
             _round_trip(x, x.amax(dim=-1, keepdim=True) / 127),
         "one scale for the whole tensor: small vectors lose their precision; one scale per vector (dim=-1)":

@@ -34,6 +34,8 @@ def _mistakes(x, y, w_g, w_o) -> dict[str, torch.Tensor]:
         "the gate added (y + σ(x W_gᵀ)), not multiplied": (y + torch.sigmoid(z)) @ w_o.T,
         "the gate not applied: y W_oᵀ": y @ w_o.T,
         "the gate applied twice (y ⊙ σ² ...)": out(torch.sigmoid(z) ** 2),
+        "the gate applied after W_o (to y W_oᵀ, cut to its width): it multiplies the heads' merged output y, channel "
+        "by channel, before W_o mixes the heads: (y ⊙ σ(x W_gᵀ)) W_oᵀ": (y @ w_o.T) * torch.sigmoid(z)[..., :w_o.shape[0]],
     }
 
 

@@ -63,6 +63,8 @@ def residual_mistakes(p: torch.Tensor, q: torch.Tensor) -> dict[str, torch.Tenso
     return {
         "not renormalised: max(0, p - q) sums to 1 - Σ min(p, q), divide it by its sum": plus,
         "p - q without max(0, ·): a distribution cannot hold negative probabilities": p - q,
+        "(p - q) / Σ(p - q) without max(0, ·): p and q both sum to 1, so Σ(p - q) is 0 up to rounding and the "
+        "division blows up; take max(0, p - q) first, then divide by its sum": norm(p - q),
         "max(0, q - p): the draft's excess, where the target's, max(0, p - q), is what a rejection must add": norm((q - p).clamp(min=0)),
         "|p - q| renormalised: only where p exceeds q is mass missing": norm((p - q).abs()),
         "softmax of max(0, p - q): the residual is divided by its sum, not exponentiated": plus.softmax(-1),

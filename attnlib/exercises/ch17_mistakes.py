@@ -93,6 +93,9 @@ def seq_to_heads_mistakes(full: torch.Tensor, blocks: list[torch.Tensor]) -> dic
             torch.stack([torch.cat([b.chunk(W, dim=1)[g] for b in blocks], dim=1) for g in range(W)]),
         "a (B, T, H, Dh) tensor reshaped to (B, H, T, Dh) without a transpose: a reshape never swaps axes":
             _stacked(torch.cat(blocks, dim=2).transpose(1, 2).reshape(B, H, T, Dh), W),
+        **({"the batch axis (dim 0) chunked instead of the heads (dim 1): rank g receives head group g of every "
+            "sequence in the batch, all B of them": torch.stack(torch.cat(blocks, dim=2).chunk(W, dim=0))}
+           if B % W == 0 else {}),
     }
 
 
