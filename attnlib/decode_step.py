@@ -33,7 +33,8 @@ import torch
 import torch.nn.functional as F
 from torch.utils.weak import WeakTensorKeyDictionary
 
-from attnlib.decoder import LlamaDecoder, rms_norm
+from attnlib.decoder import LlamaDecoder
+from attnlib.llama_block import rms_norm
 from attnlib.caches import KVCache, check_cache
 
 __all__ = ["DecodeStep", "packed_linears", "packed_bytes", "PACK_MIN", "PACK_MODEL_MIN"]

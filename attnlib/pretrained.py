@@ -21,7 +21,8 @@ from typing import Any
 import torch
 
 from attnlib._hf_llama import hf_tensor
-from attnlib.decoder import LlamaDecoder, column_major
+from attnlib.decoder import LlamaDecoder
+from attnlib.llama_block import column_major
 from attnlib.positional import RotaryEmbedding
 
 __all__ = ["load_smollm2", "smollm2_gguf_path", "cache_dir"]
