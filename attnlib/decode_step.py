@@ -8,46 +8,28 @@ redoes at every call: it checks the cache against the model, collects each layer
 sizes the cache and the rotary table for every step to come. A step then runs the operations of
 LlamaBlock and MultiHeadAttention, in the same order, on plain tensors.
 
-A step is memory-bound: each matrix is read once for a few rows (chapter 12). In a model of
-PACK_MODEL_MIN parameters or more, each float32 matrix of PACK_MIN elements or more is therefore
-multiplied by oneDNN's kernel for a weight prepacked in oneDNN's own blocked layout, which reads it
-with every thread; whether that beats torch.mm depends on the CPU (on the hosts this book was run
-on, timed warm on one matrix, it read SmolLM2's output layer from about 1.5x slower to about 2x
-faster; benchmarks/bench_kernels.py times the layouts and kernels on yours). A call cost ~10 us more than torch.mm's on the machine it was
-timed on.
-The copy is packed without a batch size (told one row, oneDNN keeps the plain (out, in) layout, which
-read SmolLM2's matrices more slowly where it was timed). It is made the first time it is needed, in
-generate during the prefill (packed_linears) or when a DecodeStep is built, reused while the weight
-is unchanged, and held next to the weight: the packed matrices take as many bytes again
-(packed_bytes). Other matrices go through torch.mm exactly as F.linear does, so the logits of a model
-with nothing packed are bit-identical to LlamaDecoder.forward's, and those of a larger one equal them
-to float32 rounding (tests/test_decode_step.py).
+A step is memory-bound: each matrix is read once for a few rows (chapter 12). Every product goes through
+torch.mm on the weight as LlamaDecoder stores it, column-major (W.t() contiguous), exactly as F.linear
+does, so a step's logits are bit-identical to LlamaDecoder.forward's (tests/test_decode_step.py).
+An earlier version multiplied SmolLM2-sized matrices by copies prepacked for oneDNN's kernel (a private
+PyTorch operator). Profiled against transformers on this book's machine (Xeon, AVX-512, 2 cores), those
+products were 78% of a step and read the weights more slowly than torch.mm on nearly every matrix; generate with
+torch.mm ran 1.2-1.4x faster per token at 2 threads and 1.2-1.7x at 1 there (a ratio of that host, not a
+constant), and the copies doubled the memory the weights take. benchmarks/bench_kernels.py still times oneDNN's kernel beside BLAS on your CPU.
 """
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
-from torch.utils.weak import WeakTensorKeyDictionary
 
-from attnlib.decoder import LlamaDecoder, rms_norm
+from attnlib.decoder import LlamaDecoder
+from attnlib.llama_block import rms_norm
 from attnlib.caches import KVCache, check_cache
 
-__all__ = ["DecodeStep", "packed_linears", "packed_bytes", "PACK_MIN", "PACK_MODEL_MIN"]
-
-PACK_MIN = 2**17        # elements of a matrix (512 KiB of float32): from here packed beat torch.mm from memory
-PACK_MODEL_MIN = 2**22  # parameters of the model. Measured on this book's 2-core machine, a step with packing
-# against one without: 1.2x slower at 3.3M parameters (bench_decode's model: D 256, 8 heads, 2 key/value heads,
-# 4 layers, d_ff 688, vocab 1000), no faster at 4.7M (D 384, 6 and 2 heads, 2 layers, d_ff 1024, vocab 2000),
-# 1.5x faster at 6.9M (D 512, 8 and 2 heads, 1 layer, d_ff 1376, vocab 4000). Not the matrices' size: the 4.7M
-# model's are all of PACK_MIN elements or more. Why it gains nothing was not measured; chapter 8 names two
-# unmeasured candidates: its 15.7 MB read per step (19.3 MB in the 6.9M model) staying in the last-level
-# cache between steps, which needs about 16-19 MB of that cache left to this process, and its 9 packed
-# calls per step (5 in the 6.9M model), each dearer than torch.mm's
-_PACKED = WeakTensorKeyDictionary()  # weight -> (its version when packed, the packed copy)
+__all__ = ["DecodeStep"]
 
 
 class DecodeStep:
@@ -68,11 +50,10 @@ class DecodeStep:
         for i in range(len(cache)):  # room for every step: no buffer grows, the steps write in place
             if cache._k[i].shape[2] < total:
                 cache._grow(i, total)
-        pack = _large(decoder)
-        self.layers = [(b.attn_norm.weight, _product(b.attn.qkv, pack), _product(b.attn.out, pack),
-                        b.mlp_norm.weight, _product(b.mlp.gate_up, pack), _product(b.mlp.down, pack),
+        self.layers = [(b.attn_norm.weight, _product(b.attn.qkv), _product(b.attn.out),
+                        b.mlp_norm.weight, _product(b.mlp.gate_up), _product(b.mlp.down),
                         cache._k[i], cache._v[i]) for i, b in enumerate(decoder.blocks)]
-        self.lm_head = _product(decoder.lm_head, pack)
+        self.lm_head = _product(decoder.lm_head)
         # position of each step's token: its slot, or (left padding) the number of real tokens before it
         positions = torch.arange(total) if real is None else (real.long().cumsum(dim=-1) - 1).clamp(min=0)
         cos, sin = decoder.rotary.cos_sin(positions.to(self.embed.device))  # (total, Dh) or (B, total, Dh)
@@ -111,57 +92,8 @@ class DecodeStep:
         return self.lm_head(rms_norm(x, self.norm, eps)).view(B, 1, -1)  # (B, 1, vocab)
 
 
-@contextlib.contextmanager
-def packed_linears(decoder: LlamaDecoder) -> Iterator[None]:
-    """Within the block, decoder.forward multiplies by the packed copies a DecodeStep uses: each Linear
-    layer that one packs runs the packed product as its forward, put back on leaving (generate's prefill;
-    for inference only, as the packed copy is not the weight autograd would follow)."""
-    linears = [m for m in decoder.modules() if isinstance(m, torch.nn.Linear)] if _large(decoder) else []
-    swapped = [m for m in linears if _packed(m.weight) is not None]
-    for linear in swapped:
-        linear.forward = _product(linear, True)  # the instance's forward, found before nn.Linear.forward
-    try:
-        yield
-    finally:
-        for linear in swapped:
-            del linear.forward
-
-
-def packed_bytes(decoder: LlamaDecoder) -> int:
-    """Bytes of the packed copies now held for the decoder's current weights (0 before generate or a
-    DecodeStep has packed them, or for a model too small to pack): memory on top of weight_bytes."""
-    held = [(_PACKED.get(p, (None, None)), p._version) for p in decoder.parameters()]
-    return sum(packed.nbytes for (version, packed), now in held if version == now)
-
-
-def _large(decoder: LlamaDecoder) -> bool:
-    """Whether the model has PACK_MODEL_MIN parameters or more, and so gets its large matrices packed."""
-    return sum(p.numel() for p in decoder.parameters()) >= PACK_MODEL_MIN
-
-
-def _product(linear: torch.nn.Linear, pack: bool) -> Callable[[torch.Tensor], torch.Tensor]:
-    """x (B, in) -> x W^T + b (B, out) for the layer's weight W (out, in): oneDNN's prepacked kernel for a
-    large float32 matrix if `pack` (which takes x (..., in) too, as the prefill's (B, T, in)), else what
-    F.linear runs on a (B, in) input, addmm(b, x, W.t())."""
-    weight, bias = linear.weight, linear.bias
-    packed = _packed(weight) if pack else None
-    if packed is not None:
-        return lambda x: torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
-    weight_t = weight.t()
+def _product(linear: torch.nn.Linear) -> Callable[[torch.Tensor], torch.Tensor]:
+    """x (B, in) -> x W^T + b (B, out) for the layer's weight W (out, in): what F.linear runs on a (B, in)
+    input, addmm(b, x, W.t()), with W.t() taken once instead of at every step."""
+    weight_t, bias = linear.weight.t(), linear.bias
     return (lambda x: torch.mm(x, weight_t)) if bias is None else (lambda x: torch.addmm(bias, x, weight_t))
-
-
-def _packed(weight: torch.Tensor) -> torch.Tensor | None:
-    """weight (out, in) reordered for oneDNN's linear kernel (made once per version of the weight), or None
-    where that does not apply: a small matrix, another dtype or device, or a PyTorch without oneDNN."""
-    if weight.numel() < PACK_MIN or weight.dtype != torch.float32 or weight.device.type != "cpu" \
-            or not torch.backends.mkldnn.is_available():
-        return None
-    version, packed = _PACKED.get(weight, (None, None))
-    if version != weight._version:
-        try:
-            packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach().contiguous())
-        except (RuntimeError, AttributeError):  # an operator this build of PyTorch does not have
-            return None
-        _PACKED[weight] = (weight._version, packed)
-    return packed

@@ -11,14 +11,13 @@ against).
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Sequence
 
 import torch
 
 from attnlib import masks as _masks
 from attnlib._checks import fmt_shape
-from attnlib.decode_step import DecodeStep, packed_linears
+from attnlib.decode_step import DecodeStep
 from attnlib.caches import Cache, KVCache, SinkCache
 from attnlib.decoder import LlamaDecoder, check_token_ids
 
@@ -169,7 +168,7 @@ def generate(decoder: torch.nn.Module, input_ids: torch.Tensor, max_new_tokens: 
                          f"{longest + max_new_tokens} positions are beyond max_position_embeddings={limit}")
     default = decoder.make_cache if hasattr(decoder, "make_cache") else KVCache
     cache = (default() if cache is None else cache) if use_cache else None
-    # DecodeStep's fast path: a plain KVCache, no window, Llama's layout; its prefill multiplies by the same packed copies
+    # DecodeStep's fast path: a plain KVCache, no window, Llama's layout
     fast = type(cache) is KVCache and isinstance(decoder, LlamaDecoder) and decoder.sliding_window is None \
         and decoder.is_llama
     step, done = None, torch.zeros(B, dtype=torch.bool, device=out.device)  # done: the row has produced eos
@@ -178,8 +177,7 @@ def generate(decoder: torch.nn.Module, input_ids: torch.Tensor, max_new_tokens: 
             logits = step(out[:, t - 1:t])                  # (B, 1, vocab)
         else:                 # the prefill, a cache without a fast path, or no cache: decoder.forward
             fed = out[:, :t] if t == T or cache is None else out[:, t - 1:t]
-            with packed_linears(decoder) if fast else contextlib.nullcontext():
-                logits = decoder(fed, cache, attention_mask=None if mask is None else mask[:, :t], last_only=True)
+            logits = decoder(fed, cache, attention_mask=None if mask is None else mask[:, :t], last_only=True)
             if fast:
                 step = DecodeStep(decoder, cache, mask, T + max_new_tokens)
         last = logits[:, -1]                                # (B, vocab)

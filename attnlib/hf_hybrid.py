@@ -18,7 +18,8 @@ import torch
 from torch import nn
 
 from attnlib.caches import Cache
-from attnlib.decoder import LlamaBlock, LlamaDecoder
+from attnlib.decoder import LlamaDecoder
+from attnlib.llama_block import LlamaBlock
 from attnlib.gated_deltanet import GatedDeltaNet
 from attnlib.hybrid import HybridCache, LinearMixer
 from attnlib.sparse_attention import DeepSeekSparseAttention, IndexedLatentCache

@@ -23,7 +23,8 @@ import torch
 
 from attnlib._gguf import _read_gguf, _require
 from attnlib._hf_llama import hf_tensor
-from attnlib.decoder import LlamaDecoder, column_major
+from attnlib.decoder import LlamaDecoder
+from attnlib.llama_block import column_major
 from attnlib.positional import RotaryEmbedding
 
 __all__ = ["load_smollm2", "load_smollm2_transformers", "smollm2_gguf_path", "cache_dir"]

@@ -9,7 +9,8 @@ by four ways, on one thread and on two:
 - BLAS on W column-major, W.t() contiguous, as attnlib.LlamaDecoder stores it;
 - oneDNN's linear kernel on a copy packed with the hint "one row": the version of oneDNN in the PyTorch
   this was written with then keeps the plain (out, in) layout (ONEDNN_VERBOSE=1 prints the kernel it runs);
-- oneDNN's kernel on the copy DecodeStep uses, packed without that hint (a blocked layout).
+- oneDNN's kernel on a copy packed without that hint (a blocked layout), which attnlib's DecodeStep used
+  before it was profiled against transformers (it now runs torch.mm on the column-major layout).
 
 Which vector kernels oneDNN picks depends on the CPU: the table's title prints what PyTorch reports
 (torch.backends.cpu.get_cpu_capability()), not a guess. Each figure is the fastest of ten calls, as GB/s
@@ -23,7 +24,6 @@ from collections.abc import Callable
 
 import torch
 
-from attnlib.decode_step import _packed, _product
 from attnlib.timing import best_time, one_thread
 
 
@@ -32,14 +32,13 @@ def ways(linears: list[torch.nn.Linear]) -> dict[str, Callable[[torch.Tensor], l
     row_major = [m.weight.detach().contiguous() for m in linears]                # (out, in)
     column_major = [m.weight.detach().t().contiguous().t() for m in linears]     # (out, in) view of W^T
     one_row = [torch.ops.mkldnn._reorder_linear_weight(w, 1) for w in row_major]
-    packed = [_product(m, True) for m in linears]
-    label = ("oneDNN, packed (DecodeStep's)" if all(_packed(m.weight) is not None for m in linears)
-             else "DecodeStep's (not packed: torch.mm)")                  # _product falls back without oneDNN
+    blocked = [torch.ops.mkldnn._reorder_linear_weight(w) for w in row_major]
     return {"BLAS, W row-major (nn.Linear)": lambda x: [torch.mm(x, w.t()) for w in row_major],
             "BLAS, W column-major (LlamaDecoder)": lambda x: [torch.mm(x, w.t()) for w in column_major],
             "oneDNN, packed told one row": lambda x: [torch.ops.mkldnn._linear_pointwise(x, p, None, "none", [], "")
                                                       for p in one_row],
-            label: lambda x: [f(x) for f in packed]}
+            "oneDNN, packed (blocked)": lambda x: [torch.ops.mkldnn._linear_pointwise(x, p, None, "none", [], "")
+                                                   for p in blocked]}
 
 
 def main() -> None:

@@ -13,6 +13,10 @@ would compare a quiet moment with a busy one. Both rows are higher-is-better rat
 per-round ratios (which need not equal the ratio of the medians the labels print). The first ratio is
 not a property of the two libraries: it depends on how fast each one's kernels read the weights on this
 CPU (benchmarks/bench_kernels.py) and on the Python around each step, so it differs between machines.
+
+Targets: the goal of issue 39 is never slower than transformers on any machine and at least half the
+weight-streaming limit. A median of exactly 1.0 would be a coin toss between the two libraries on a shared
+host, so the first row asks for 1.05, a margin above it; the second, 0.5.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ from attnlib.timing import best_time  # noqa: E402
 from benchmarks._harness import Row  # noqa: E402
 
 NEW, ROUNDS = 64, 5
+TARGET = 1.05  # ours / transformers' tokens/s: faster than transformers, with a margin (module docstring)
 CHAT = [{"role": "user", "content": "Write a short story about a robot who learns to paint."}]
 
 
@@ -88,7 +93,7 @@ def rows() -> list[Row]:
     what = f"SmolLM2-135M fp32, greedy, batch 1, {NEW} new tokens after a {ids.shape[1]}-token chat prompt"
     return [
         Row(f"{what}: tokens/s (ours / transformers')", "attnlib generate",
-            "transformers LlamaForCausalLM.generate", statistics.median(ratios), 2.0, True),
+            "transformers LlamaForCausalLM.generate", statistics.median(ratios), TARGET, True),
         Row(f"{what}: tokens/s / weight-streaming limit ({bandwidth[0]:.0f}-{bandwidth[1]:.0f} GB/s read / "
             f"{weight_bytes(ours_model) / 2**20:.0f} MiB of weights = {min(limits):.0f}-{max(limits):.0f} tokens/s "
             f"over the rounds)", f"attnlib generate, median {per_s:.1f} tokens/s",

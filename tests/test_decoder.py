@@ -8,7 +8,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 from transformers.models.llama.modeling_llama import LlamaMLP, LlamaRMSNorm
 
 from attnlib import KVCache, LlamaDecoder
-from attnlib.decoder import RMSNorm, SwiGLU
+from attnlib.llama_block import RMSNorm, SwiGLU
 
 VOCAB, MAX_POS = 1000, 128
 

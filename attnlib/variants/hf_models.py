@@ -17,7 +17,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from attnlib.decoder import LlamaBlock, LlamaDecoder, SwiGLU
+from attnlib.decoder import LlamaDecoder
+from attnlib.llama_block import LlamaBlock, SwiGLU
 from attnlib.variants.hf_attention import ATTENTION_CONVERTERS
 
 __all__ = ["MODEL_LAYOUTS", "assemble_decoder", "decoder_from_hf"]

@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from attnlib.decoder import RMSNorm
+from attnlib.llama_block import RMSNorm
 from attnlib.mha import merge_heads, split_heads
 
 __all__ = ["QKNorm"]
