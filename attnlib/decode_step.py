@@ -11,11 +11,9 @@ LlamaBlock and MultiHeadAttention, in the same order, on plain tensors.
 A step is memory-bound: each matrix is read once for a few rows (chapter 12). Every product goes through
 torch.mm on the weight as LlamaDecoder stores it, column-major (W.t() contiguous), exactly as F.linear
 does, so a step's logits are bit-identical to LlamaDecoder.forward's (tests/test_decode_step.py).
-An earlier version multiplied SmolLM2-sized matrices by copies prepacked for oneDNN's kernel (a private
-PyTorch operator). Profiled against transformers on this book's machine (Xeon, AVX-512, 2 cores), those
-products were 78% of a step and read the weights more slowly than torch.mm on nearly every matrix; generate with
-torch.mm ran 1.2-1.4x faster per token at 2 threads and 1.2-1.7x at 1 there (a ratio of that host, not a
-constant), and the copies doubled the memory the weights take. benchmarks/bench_kernels.py still times oneDNN's kernel beside BLAS on your CPU.
+oneDNN offers another kernel, on a copy of each weight packed once in its own layout: depending on the
+CPU it reads the weights faster or slower than BLAS, and the copy doubles the memory the weights take, so
+a step keeps to torch.mm; benchmarks/bench_kernels.py times both on your CPU.
 """
 
 from __future__ import annotations

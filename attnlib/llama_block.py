@@ -39,8 +39,8 @@ def column_major(weight: torch.Tensor) -> torch.Tensor:
     """The same (out, in) matrix stored column by column: weight.t() is then contiguous (in, out).
 
     A one-token step computes x (1, in) @ weight.t(); with weight.t() contiguous, BLAS streams it row
-    after row of (in, out), faster than the row-major layout (chapter 12 measures it on SmolLM2), and
-    products over many tokens run as fast as before.
+    after row of (in, out). Whether that reads faster than the row-major layout depends on the CPU and
+    its BLAS: chapter 12 prints both on yours, for SmolLM2's output layer.
     """
     return weight.t().contiguous().t()
 
