@@ -42,14 +42,10 @@ CHAT = [{"role": "user", "content": "Write a short story about a robot who learn
 
 def load_both():
     """(attnlib decoder, transformers LlamaForCausalLM, prompt ids (1, T)) from the same GGUF file."""
-    from transformers import AutoModelForCausalLM
-
-    from attnlib import load_smollm2
-    from attnlib.pretrained import smollm2_gguf_path
+    from attnlib import load_smollm2, load_smollm2_transformers
 
     ours, tokenizer = load_smollm2()
-    path = smollm2_gguf_path()
-    theirs = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32).eval()
+    theirs = load_smollm2_transformers()   # transformers' own reading of the file, kept in attnlib's cache
     prompt = tokenizer.apply_chat_template(CHAT, add_generation_prompt=True, return_dict=True, return_tensors="pt")
     return ours, theirs, prompt["input_ids"]
 
