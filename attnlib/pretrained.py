@@ -143,9 +143,10 @@ def load_smollm2(*, dtype: torch.dtype = torch.float32) -> tuple[LlamaDecoder, A
 def load_smollm2_transformers(*, dtype: torch.dtype = torch.float32) -> Any:
     """transformers' own LlamaForCausalLM (eval mode, `dtype`) for the same GGUF file: the reference that
     load_smollm2's decoder is compared with. transformers reads and dequantizes the file by its own code,
-    AutoModelForCausalLM.from_pretrained(folder, gguf_file=name), about 15 s of CPU (most of it parsing the
-    file's metadata in Python); what it read is kept under cache_dir() with its save_pretrained, keyed by
-    the file's SHA-256 as load_smollm2's copy is, so later calls read it back in about a second."""
+    AutoModelForCausalLM.from_pretrained(folder, gguf_file=name), which is slow (most of it spent parsing
+    the file's metadata in Python); what it read is kept under cache_dir() as a folder from_pretrained
+    reads (config.json and safetensors), keyed by the file's SHA-256 as load_smollm2's copy is, so later
+    calls skip the parsing and the dequantization."""
     if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
         raise TypeError(f"dtype must be a floating-point torch.dtype, got {dtype!r}")
     _require("transformers", '"transformers>=4.45"')
