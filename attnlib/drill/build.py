@@ -5,7 +5,8 @@ Constructors: `(d_model, num_heads)` positionally, or by name when the parameter
 a constructor whose unknown names take the two the other way round, `(n_heads, width)`, is seen to build
 layers of the wrong width and is built as `(num_heads, d_model)`, and the verdict says so.
 forward: `forward(x, mask=None)` or `forward(q, k, v, mask=None)` (given x three times); the mask goes to
-a parameter named mask, attn_mask or attention_mask (else to the positional slot after the inputs).
+a parameter named mask, attn_mask or attention_mask (else to the positional slot after the inputs); a
+cross-attention's context to one named context, encoder_hidden_states, memory, ... (else to x's neighbour).
 """
 
 from __future__ import annotations
@@ -28,6 +29,8 @@ D_NAMES = ("d_model", "embed_dim", "hidden_size", "dim", "n_embd", "model_dim", 
 H_NAMES = ("num_heads", "n_heads", "nhead", "h", "n_head", "heads", "num_attention_heads", "num_head", "nheads",
            "head_num", "attention_heads", "n_heads_q")
 MASK_NAMES = ("mask", "attn_mask", "attention_mask")
+CONTEXT_NAMES = ("context", "encoder_hidden_states", "memory", "key_value_states", "encoder_output", "enc_out", "kv",
+                 "xa", "y", "source", "src", "cross")
 _HINTS = (("before Module.__init__() call", "call super().__init__() first in __init__"),
           ("view size is not compatible", "after a transpose the tensor is not contiguous: use .reshape(...) "
                                           "or .contiguous().view(...)"),
@@ -161,6 +164,7 @@ class Forward:
     inputs: int  # 1: forward(x, ...); 3: forward(q, k, v, ...)
     mask: str | int | None  # the mask's keyword, its positional index, or None (passed as mask=)
     mask_required: bool
+    context: str = "context"  # the keyword cross-attention's context goes to (x's first neighbour if unnamed)
 
     @classmethod
     def of(cls, model: nn.Module) -> Forward:
@@ -172,15 +176,20 @@ class Forward:
         named = next((p for p in params if p.name in MASK_NAMES), None)
         before = positional[:positional.index(named)] if named in positional else positional
         inputs = 3 if len([p for p in before if p.default is p.empty]) >= 3 else 1
+        others = [p.name for p in positional[1:] if p is not named and p.name not in MASK_NAMES]
+        context = next((p.name for p in params if p.name in CONTEXT_NAMES), others[0] if others else "context")
         if named is None and len(positional) > inputs:
             named = positional[inputs]
-            return cls(inputs, inputs, named.default is named.empty)
-        return cls(inputs, None if named is None else named.name, named is not None and named.default is named.empty)
+            return cls(inputs, inputs, named.default is named.empty, context)
+        return cls(inputs, None if named is None else named.name, named is not None and named.default is named.empty,
+                   context)
 
     def call(self, model: nn.Module, x: torch.Tensor, kwargs: dict, what: str) -> object:
         """model's forward on x with the drill's keyword arguments (mask, context, is_causal)."""
         kwargs = dict(kwargs)
         context = kwargs.pop("context", None) if self.inputs == 3 else None
+        if "context" in kwargs:
+            kwargs[self.context] = kwargs.pop("context")
         args = [x] if self.inputs == 1 else [x, x if context is None else context, x if context is None else context]
         mask = kwargs.pop("mask", None)
         if isinstance(self.mask, int):
@@ -194,4 +203,5 @@ class Forward:
         if self.inputs == 3:
             call = (call.replace("forward(x, context=context", "forward(x, context, context")
                     if "context=context" in call else call.replace("forward(x", "forward(x, x, x"))
+        call = call.replace("context=context", f"{self.context}=context")
         return call.replace("mask=mask", f"{self.mask}=mask") if isinstance(self.mask, str) else call
