@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import torch
 
-from attnlib import layer_io
 
 BASE = dict(vocab_size=97, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
             num_key_value_heads=2, head_dim=16, max_position_embeddings=256)
@@ -38,13 +37,6 @@ def left_padded(B: int = 3, T: int = 9, vocab: int = 97, seed: int = 0) -> tuple
     for b in range(B):
         mask[b, :2 * b] = 0
     return ids.masked_fill(mask == 0, 0), mask
-
-
-def attention_io(model: torch.nn.Module, layer: int, ids: torch.Tensor,
-                 name: str = "self_attn") -> tuple[torch.Tensor, torch.Tensor]:
-    """attnlib.layer_io for model.model.layers[layer].<name>: its input hidden states and its output."""
-    io = layer_io(model, getattr(model.model.layers[layer], name), ids)
-    return io.x, io.y
 
 
 # Qwen3.5 (text) as shipped, 3 Gated DeltaNet layers per full-attention layer; and with every layer linear

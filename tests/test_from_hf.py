@@ -15,9 +15,10 @@ import transformers as tf
 
 import attnlib
 from attnlib.caches.layer_windows import LayerWindowCache
+from attnlib import layer_io
 from attnlib.decoder import LlamaDecoder
 from attnlib.variants import VariantAttention
-from hf_tiny import attention_io, left_padded, tiny
+from hf_tiny import left_padded, tiny
 
 torch.set_num_threads(1)
 TOL = 1e-4
@@ -82,7 +83,8 @@ def test_each_attention_layer_on_its_own(name: str) -> None:
     model, _ = pair(name)
     ids, _ = left_padded(B=2, T=10, seed=1)
     for i, layer in enumerate(model.model.layers):
-        x, y = attention_io(model, i, ids)
+        io = layer_io(model, f"model.layers.{i}.self_attn", ids)
+        x, y = io.x, io.y
         ours = attnlib.from_hf(layer.self_attn)
         assert isinstance(ours, VariantAttention)
         with torch.no_grad():
@@ -96,7 +98,8 @@ def test_single_attention_module(name: str) -> None:
     ids, _ = left_padded(B=2, T=12, seed=2)   # 12 tokens: gpt-oss's 4-token windows hide most keys
     layers = [i for i, kind in enumerate(model.config.layer_types) if kind != "linear_attention"]
     for i in layers:
-        x, y = attention_io(model, i, ids)
+        io = layer_io(model, f"model.layers.{i}.self_attn", ids)
+        x, y = io.x, io.y
         ours = attnlib.from_hf(model.model.layers[i].self_attn)
         with torch.no_grad():
             assert (ours(x) - y).abs().max() <= TOL, f"layer {i}"

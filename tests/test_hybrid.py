@@ -16,11 +16,12 @@ import torch
 import transformers as tf
 
 import attnlib
+from attnlib import layer_io
 from attnlib.decoder import LlamaDecoder
 from attnlib.gated_deltanet import GatedDeltaNet
 from attnlib.hybrid import HybridCache
 from attnlib.sparse_attention import DeepSeekSparseAttention, IndexedLatentCache
-from hf_tiny import DEEPSEEK_V32_DENSE, QWEN3_5_ALL_LINEAR, QWEN3_5_HYBRID, attention_io, left_padded, tiny
+from hf_tiny import DEEPSEEK_V32_DENSE, QWEN3_5_ALL_LINEAR, QWEN3_5_HYBRID, left_padded, tiny
 
 torch.set_num_threads(1)
 TOL = 1e-4
@@ -143,7 +144,8 @@ def test_registry_converts_the_two_layers():
     for name, kind, attr in (("hybrid", GatedDeltaNet, "linear_attn"), ("dsa", DeepSeekSparseAttention, "self_attn")):
         model, _ = pair(name)
         ids = torch.randint(1, 97, (2, 12), generator=torch.Generator().manual_seed(6))
-        x, y = attention_io(model, 0, ids, name=attr)
+        io = layer_io(model, f"model.layers.0.{attr}", ids)
+        x, y = io.x, io.y
         layer = attnlib.from_hf(getattr(model.model.layers[0], attr))
         assert isinstance(layer, kind)
         with torch.no_grad():
