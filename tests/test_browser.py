@@ -17,6 +17,7 @@ Environment:
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import os
@@ -187,6 +188,29 @@ def visit(browser, server):
         v.close()
 
 
+@pytest.fixture(scope="module")
+def loaded(browser, server, page):
+    """`page` opened once at a desktop's width and shared by every test of that page.
+
+    The tests below take `page` as a module-scoped parameter, so pytest runs all the tests of one page
+    together and only one page is open at a time: each page loads once, not once per test (a page load
+    is most of a test's time, ~2 s in Chromium on 2 cores). A test that resizes the page puts it back.
+    """
+    v = _Visit(browser, server, rel(page), DESKTOP)
+    yield v
+    v.close()
+
+
+@contextlib.contextmanager
+def _viewport(v: _Visit, viewport: dict):
+    """The loaded page at `viewport`'s size for the block, at a desktop's size again after it."""
+    v.page.set_viewport_size(viewport)
+    try:
+        yield v.page
+    finally:
+        v.page.set_viewport_size(DESKTOP)
+
+
 # Waits for MathJax to finish, then lists the formulas it left untypeset or in error (a TeX error
 # is an mjx-merror; an undefined macro is shown as red text by MathJax's noundefined extension).
 MATH_JS = """async () => {
@@ -219,9 +243,9 @@ def _has_math(page: Path) -> bool:
     return 'class="math notranslate' in page.read_text(encoding="utf-8")
 
 
-@pytest.mark.parametrize("page", _pages(), ids=rel)
-def test_page_renders_offline(visit, page):
-    v = visit(rel(page))
+@pytest.mark.parametrize("page", _pages(), ids=rel, scope="module")
+def test_page_renders_offline(loaded, page):
+    v = loaded
     math = v.page.evaluate(MATH_JS)
     images = v.page.evaluate(IMAGES_JS)
     for href in _downloads(page):
@@ -246,12 +270,21 @@ def test_page_renders_offline(visit, page):
     assert not problems, f"{rel(page)}:\n  " + "\n  ".join(problems)
 
 
-@pytest.mark.parametrize("page", _pages(), ids=rel)
-def test_page_fits_a_phone(visit, page):
-    """At 390 px wide, wide tables, code and figures scroll inside their own box, not the page."""
-    v = visit(rel(page), PHONE)
-    v.page.evaluate(MATH_JS)  # typeset formulas have their final width
-    overflow = v.page.evaluate("""() => {
+@pytest.mark.parametrize("page", _pages(), ids=rel, scope="module")
+def test_page_fits_a_phone(loaded, page):
+    """At 390 px wide, wide tables, code and figures scroll inside their own box, not the page.
+
+    The page is the one loaded at a desktop's width, narrowed: the theme's layout follows the width
+    through CSS media queries, which apply on a resize as on a load."""
+    with _viewport(loaded, PHONE) as tab:
+        overflow = _overflow(tab)
+    assert overflow["scrollWidth"] <= overflow["width"], f"{rel(page)} scrolls sideways on a phone: {overflow}"
+
+
+def _overflow(tab) -> dict:
+    """The page's scroll width against the viewport's, and the first elements that stick out unclipped."""
+    tab.evaluate(MATH_JS)  # typeset formulas have their final width
+    return tab.evaluate("""() => {
         const width = document.documentElement.clientWidth;
         const clipped = e => { for (let a = e.parentElement; a; a = a.parentElement)
             if (getComputedStyle(a).overflowX !== 'visible') return true; return false; };
@@ -260,7 +293,6 @@ def test_page_fits_a_phone(visit, page):
         return {scrollWidth: document.documentElement.scrollWidth, width,
                 culprits: wide.slice(0, 5).map(e => `${e.tagName.toLowerCase()}.${e.className}`)};
     }""")
-    assert overflow["scrollWidth"] <= overflow["width"], f"{rel(page)} scrolls sideways on a phone: {overflow}"
 
 
 @pytest.mark.parametrize("edition", ["", "zh/"], ids=["en", "zh"])
@@ -299,10 +331,10 @@ def _error_pages() -> list[Path]:
 
 
 @pytest.mark.parametrize("viewport", [PHONE, DESKTOP], ids=["390px", "1280px"])
-@pytest.mark.parametrize("page", _error_pages(), ids=rel)
-def test_error_message_is_read_whole(visit, page, viewport):
-    v = visit(rel(page), viewport)
-    errors = v.page.evaluate(ERROR_JS)
+@pytest.mark.parametrize("page", _error_pages(), ids=rel, scope="module")
+def test_error_message_is_read_whole(loaded, page, viewport):
+    with _viewport(loaded, viewport) as tab:
+        errors = tab.evaluate(ERROR_JS)
     assert errors, f"{rel(page)} has no error output in the browser"
     for e in errors:
         inside = e["boxLeft"] - 1 <= e["left"] and e["right"] <= min(e["boxRight"], e["viewport"]) + 1
