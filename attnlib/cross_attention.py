@@ -13,7 +13,8 @@ import torch
 import torch.nn.functional as F
 
 from attnlib.caches import KVCache
-from attnlib.mha import MultiHeadAttention, merge_heads, split_heads
+from attnlib.head_layout import merge_heads, split_heads
+from attnlib.mha import MultiHeadAttention
 
 __all__ = ["DecoderCache", "memory_kv", "attend_memory"]
 

@@ -6,7 +6,6 @@ unnormalized output acc = Σ_j exp(s_j - m) v_j; when a later tile raises the ma
 l and acc by exp(m - m'). At the end out = acc / l. Only a (T_tile, S_tile) block of scores ever
 exists, never the (T, S) matrix. The backward pass is tiled the same way: it keeps one log-sum-exp
 per query from the forward and recomputes each tile's weights from it.
-peak_memory, which measures what a call allocates, lives in attnlib.timing and is importable from here.
 
 Shapes as in attnlib.attention: q (..., T, Dh), k (..., S, Dh), v (..., S, Dv) → out (..., T, Dv).
 """
@@ -20,7 +19,6 @@ import torch
 from attnlib.attention import _check_qkv
 from attnlib.masks import check_mask
 from attnlib.tiles import _NEG_INF, _add_mask, _key_tiles, tile_kind
-from attnlib.timing import peak_memory  # noqa: F401  (chapter 9 and bench_tiled import it from here)
 
 __all__ = ["tiled_attention", "tile_kind", "QUERY_BLOCK"]
 

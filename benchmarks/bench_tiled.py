@@ -2,7 +2,7 @@
 
 B=1, H=8, Dh=64, fp32, 2 threads. Time: ours / reference in alternating rounds (harness
 time_ratio). Memory: torch's profiler records every CPU allocation and free made while one call
-runs (attnlib.tiled.peak_memory); the peak of the running total is what that call held above its
+runs (attnlib.timing.peak_memory); the peak of the running total is what that call held above its
 inputs. Outputs are checked equal to SDPA before anything is timed.
 Run alone with `python -m benchmarks.bench_tiled`.
 """
@@ -13,8 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from attnlib import attention, tiled_attention
-from attnlib.tiled import peak_memory
-from attnlib.timing import time_ratio
+from attnlib.timing import peak_memory, time_ratio
 from benchmarks._harness import Row
 
 B, H, DH = 1, 8, 64

@@ -6,7 +6,7 @@ import torch
 
 from attnlib import KVCache, MultiHeadAttention, PagedKVCache, QuantizedKVCache, SinkCache, attention, masks
 from attnlib.caches import dequantize_int8, quantize_int8
-from attnlib.mha import merge_heads, repeat_kv
+from attnlib.head_layout import merge_heads, repeat_kv
 from attnlib.positional import RotaryEmbedding
 
 CHUNKS = [(0, 9), (9, 10), (10, 23), (23, 24), (24, 40)]  # a prefill, single steps, chunks across block edges

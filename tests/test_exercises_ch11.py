@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 
 from attnlib.exercises import check_decoder_block, check_memory_kv, check_shift_right
-from attnlib.mha import split_heads
+from attnlib.head_layout import split_heads
 from exercise_helpers import assert_names, stub
 
 

@@ -6,7 +6,8 @@ import torch
 from torch import nn
 
 from attnlib import KVCache, MultiHeadAttention, attention, masks
-from attnlib.mha import _attention_no_grad, merge_heads, repeat_kv, split_heads
+from attnlib.head_layout import merge_heads, repeat_kv, split_heads
+from attnlib.mha import _attention_no_grad
 
 B, T, S, D, H = 2, 5, 7, 16, 4
 

@@ -8,7 +8,8 @@ from hypothesis import strategies as st
 
 import attnlib
 from attnlib import masks
-from attnlib.tiled import QUERY_BLOCK, peak_memory, tile_kind
+from attnlib.tiled import QUERY_BLOCK, tile_kind
+from attnlib.timing import peak_memory
 
 
 def rand(*shape, dtype=torch.float64, seed=0):

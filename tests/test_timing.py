@@ -46,8 +46,3 @@ def test_peak_memory_counts_what_the_call_holds_at_its_peak():
     peak = timing.peak_memory(lambda: (torch.ones(n) * 2).sum().expand(n // 4).clone())
     assert 8 * n <= peak < 8 * n + 1024, peak
 
-
-def test_peak_memory_is_importable_from_attnlib_tiled_as_before():
-    from attnlib.tiled import peak_memory
-
-    assert peak_memory is timing.peak_memory

@@ -17,7 +17,8 @@ from torch import nn
 
 from attnlib import masks as _masks
 from attnlib._checks import fmt_shape, require_dims, require_float_tensor
-from attnlib.mha import MultiHeadAttention, merge_heads, split_heads
+from attnlib.head_layout import merge_heads, split_heads
+from attnlib.mha import MultiHeadAttention
 from attnlib.parallel.comm import all_reduce, world
 
 __all__ = ["TensorParallelAttention", "head_ranges", "qkv_rows"]

@@ -20,7 +20,8 @@ from torch import nn
 
 from attnlib import masks as _masks
 from attnlib.caches import Cache
-from attnlib.mha import MultiHeadAttention, merge_heads
+from attnlib.head_layout import merge_heads
+from attnlib.mha import MultiHeadAttention
 from attnlib.variants.gated import OutputGate
 from attnlib.variants.qknorm import QKNorm
 

@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from attnlib.llama_block import RMSNorm
-from attnlib.mha import merge_heads, split_heads
+from attnlib.head_layout import merge_heads, split_heads
 
 __all__ = ["QKNorm"]
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from attnlib.mha import repeat_kv
+from attnlib.head_layout import repeat_kv
 
 __all__ = ["SinkAttention"]
 
