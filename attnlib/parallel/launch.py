@@ -1,8 +1,9 @@
 """Run a function in W processes joined by a gloo process group on this machine, as torchrun would.
 
 launch(fn, W, *args) starts W fresh Python processes (spawn), each calls
-torch.distributed.init_process_group("gloo", rank=r, world_size=W) with MASTER_ADDR=127.0.0.1 and a free
-port, runs fn(r, W, *args) on one thread, and sends its result back. Results come back as plain data:
+torch.distributed.init_process_group("gloo", rank=r, world_size=W), meeting the others at a store that
+launch serves from its own process on 127.0.0.1, runs fn(r, W, *args) on one thread, and sends its
+result back. Results come back as plain data:
 every tensor in them is turned into a numpy array first (a tensor on a multiprocessing queue lives in
 shared memory, which a process that exits first can take with it). fn must be importable: defined at
 the top level of a module, not in a notebook cell or a closure, because spawn finds it by name.
@@ -14,7 +15,6 @@ import datetime
 import multiprocessing as mp
 import os
 import queue as queue_mod
-import socket
 import time
 import traceback
 from collections.abc import Callable
@@ -30,11 +30,12 @@ class WorkerError(RuntimeError):
     """A worker process raised, died or timed out; the message holds its rank and traceback."""
 
 
-def _free_port() -> int:
-    """A TCP port no one listens on right now (the OS picks it)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def _rendezvous(timeout: float) -> dist.TCPStore:
+    """The store where the workers meet (the address book of the group), served by this process on a port
+    the OS picks as it binds it. A port found free first and bound later by rank 0 can be taken in between
+    by any program that binds one (on a busy machine, a rank once failed to join: "connection closed by peer")."""
+    return dist.TCPStore("127.0.0.1", 0, None, True, timeout=datetime.timedelta(seconds=timeout),
+                         wait_for_workers=False)
 
 
 def _plain(x: Any) -> Any:
@@ -50,13 +51,15 @@ def _plain(x: Any) -> Any:
 
 def _worker(rank: int, world_size: int, port: int, timeout: float, fn: Callable, args: tuple,
             results: mp.Queue) -> None:
-    """One process: join the group, run fn, report ('ok', result) or ('error', traceback text)."""
+    """One process: join the group at launch's store (on `port`), run fn, report ('ok', result) or
+    ('error', traceback text). The environment says what torchrun's would, for code that reads it."""
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
                       WORLD_SIZE=str(world_size))
     torch.set_num_threads(1)
     try:
-        dist.init_process_group("gloo", rank=rank, world_size=world_size,
-                                timeout=datetime.timedelta(seconds=timeout))
+        wait = datetime.timedelta(seconds=timeout)
+        store = dist.TCPStore("127.0.0.1", port, None, False, timeout=wait)
+        dist.init_process_group("gloo", store=store, rank=rank, world_size=world_size, timeout=wait)
         results.put((rank, "ok", _plain(fn(rank, world_size, *args))))
     except BaseException:  # noqa: BLE001 - every failure goes back to the parent as text
         results.put((rank, "error", traceback.format_exc()))
@@ -89,9 +92,9 @@ def launch(fn: Callable[..., Any], world_size: int, *args: Any, timeout: float =
         raise ValueError(f"fn must be a function defined at the top level of an importable module "
                          f"(spawned processes find it by name), got {fn!r}")
     ctx = mp.get_context("spawn")
-    results, port = ctx.Queue(), _free_port()
-    procs = [ctx.Process(target=_worker, args=(r, world_size, port, timeout, fn, args, results), daemon=True)
-             for r in range(world_size)]
+    results, store = ctx.Queue(), _rendezvous(timeout)  # store lives until launch returns
+    procs = [ctx.Process(target=_worker, args=(r, world_size, store.port, timeout, fn, args, results),
+                         daemon=True) for r in range(world_size)]
     for p in procs:
         p.start()
     got: dict[int, Any] = {}
