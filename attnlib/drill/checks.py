@@ -23,7 +23,8 @@ import torch
 from torch import nn
 from torch.nn.utils import parametrize
 
-from attnlib.drill.build import Forward, build
+from attnlib.drill.build import build
+from attnlib.drill.forward import Forward
 from attnlib.drill.diagnosis import B, D, H, S, T, call, diagnose
 from attnlib.drill.fit import options_for, shapes_note
 from attnlib.drill.output import check_weights
