@@ -5,13 +5,13 @@ with the reader's own line."""
 from __future__ import annotations
 
 import contextlib
-import copy
 import inspect
 import traceback
 from collections.abc import Callable, Iterator
 
 import torch
 
+from attnlib.exercises._arguments import altered, module_text, snapshot
 from attnlib.exercises._binding import fit_call
 from attnlib.exercises._child import beat
 from attnlib.exercises._guard import GRACE, LateTimeLimit, TimeLimit, changed_state, seconds, time_limit
@@ -64,20 +64,6 @@ def arg_names(candidate: Callable, args: tuple, kwargs: dict) -> list[str]:
         params = []
     names = [p.name for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
     return [names[i] if i < len(names) else f"argument {i + 1}" for i in range(len(args))] + list(kwargs)
-
-
-def _unchanged(before: object, after: object) -> bool:
-    """Whether an argument still equals its copy taken before the call (NaN equals NaN)."""
-    if isinstance(before, torch.Tensor):
-        if before.shape != after.shape or before.dtype != after.dtype:
-            return False
-        if before.is_floating_point() or before.is_complex():
-            return bool(((before == after) | (before.isnan() & after.isnan())).all())
-        return torch.equal(before, after)
-    try:
-        return bool(before == after)
-    except Exception:  # noqa: BLE001 - lists of tensors and the like: nothing to compare safely
-        return True
 
 
 def _hint(exc: BaseException) -> str:
@@ -146,8 +132,7 @@ def run(candidate: Callable, *args, what: str = "your function", **kwargs):
         raise CandidateError(_STOPPED[-1][0])
     args, kwargs = fit_call(candidate, args, kwargs)  # def f(x, w, b, *, num_heads): the last by keyword
     values = (*args, *kwargs.values())
-    copies = [v.detach().clone() if isinstance(v, torch.Tensor) else copy.deepcopy(v) if isinstance(v, list)
-              else None for v in values]
+    copies = [snapshot(v) for v in values]
     beat()  # in a checker's child process: the parent's deadline starts again with this run
     try:
         with changed_state(what) as changes, time_limit(seconds(), what):
@@ -166,6 +151,12 @@ def run(candidate: Callable, *args, what: str = "your function", **kwargs):
         raise CandidateError(_exited(what, exc)) from None
     except Exception as exc:  # the reader's bug, with its type and line
         raise CandidateError(f"{what} raised {type(exc).__name__}: {exc}{reader_line(exc)}{_hint(exc)}") from None
+    except KeyboardInterrupt:  # the reader's Ctrl-C (or the interrupt button): it stops the check, as it would any cell
+        raise
+    except BaseException as exc:  # noqa: BLE001 - GeneratorExit or the reader's own BaseException: a verdict, not a crash
+        said = f" ({exc})" if str(exc) else ""
+        raise CandidateError(f"{what} raised {type(exc).__name__}{said}{reader_line(exc)}, which is not an error "
+                             f"a check can report as a wrong result: your code must return its result") from None
     if changes:
         raise CandidateError("; and ".join(changes))
     liar = _own_override(result)
@@ -175,8 +166,12 @@ def run(candidate: Callable, *args, what: str = "your function", **kwargs):
     liar = _own_equality(result)
     if liar:
         raise CandidateError(f"{what} returned {liar}")
-    changed = [name for name, v, c in zip(arg_names(candidate, args, kwargs), values, copies)
-               if c is not None and not _unchanged(c, v)]
+    found = [(name, how) for name, v, c in zip(arg_names(candidate, args, kwargs), values, copies)
+             if (how := altered(c, v))]
+    modules = [f"`{name}` ({how})" for name, how in found if how != "its values"]
+    if modules:
+        raise CandidateError(module_text(what, modules))
+    changed = [name for name, how in found if how == "its values"]
     if changed:
         raise CandidateError(f"{what} changed {' and '.join(changed)} in place (an in-place "
                              f"operation such as `x -= ...`, `x.exp_()` or `x[...] = ...` on an argument): "
