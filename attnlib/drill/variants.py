@@ -141,7 +141,8 @@ def simulate(layers: Layers, num_heads: int, x: torch.Tensor, case: Case, varian
             applied = w.transpose(-2, -1) if variant.weights_T else w
             out = _merge(applied @ v, variant.merge)  # (B, H, T, S) @ (B, H, S, Dh) -> (B, H, T, Dh) -> (B, T, D)
             if variant.w_o:
-                out = F.linear(out, *layers.out_params(live))
+                w_o, b_o = layers.out_params(live)
+                out = F.linear(out.to(w_o.dtype), w_o, b_o)
             pairs.append((out + x if variant.residual else out, w))
     return pairs
 
