@@ -351,7 +351,7 @@ ODD = {
     "returns None": (bug(forward=lambda self, x, mask=None: None), ["forward(x) returned None", "`return`"]),
     "returns three things": (bug(forward=lambda self, x, mask=None: (x, x, x)),
                              ["tuple of 3 items ((2, 5, 12), (2, 5, 12), (2, 5, 12)), 3 of them of shape (B, T, D)"]),
-    "returns a string": (bug(forward=lambda self, x, mask=None: "out"), ["should be a torch.Tensor, got str"]),
+    "returns a string": (bug(forward=lambda self, x, mask=None: "out"), ["should be a torch.Tensor", "got a str"]),
     "returns float64": (bug(forward=lambda self, x, mask=None: Separate.forward(self, x, mask).double()),
                         ["dtype torch.float64", "torch.float32"]),
     "returns integers": (bug(forward=lambda self, x, mask=None: Separate.forward(self, x, mask).long()),

@@ -37,7 +37,7 @@ def test_scaled_scores_stub_and_crash():
     def crashes(q, k):
         return q @ key.transpose(-2, -1) / math.sqrt(q.shape[-1])  # noqa: F821 - the reader's typo
     assert_names(check_scaled_scores(crashes), "raised NameError", "`return q @ key.transpose(-2, -1)")
-    assert_names(check_scaled_scores(lambda q, k: 1.0), "should be a torch.Tensor, got float")
+    assert_names(check_scaled_scores(lambda q, k: 1.0), "should be a torch.Tensor", "got a float")
 
 
 # --- entropy of attention rows ------------------------------------------------------------------

@@ -52,7 +52,7 @@ def test_repeat_kv_stub_and_crash():
     def crashes(x, n_rep):
         return x.repeat_interleave(n_rep, dim=4)  # the reader's out-of-range axis
     assert_names(check_repeat_kv(crashes), "raised IndexError", "`return x.repeat_interleave(n_rep, dim=4)")
-    assert_names(check_repeat_kv(lambda x, n: None), "should be a torch.Tensor, got NoneType")
+    assert_names(check_repeat_kv(lambda x, n: None), "should be a torch.Tensor", "got None")
     assert_names(check_repeat_kv(42), "expected a function or class, got int")
 
 

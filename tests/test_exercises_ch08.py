@@ -190,4 +190,4 @@ def test_cached_decode_stub_and_crash():
     assert check_cached_decode(stub).status == "not attempted yet"
     assert_names(check_cached_decode(lambda d, x, n: d(x, cache=[])), "raised TypeError",
                  "cache must be an attnlib.KVCache, got list")
-    assert_names(check_cached_decode(lambda d, x, n: x.tolist()), "should be a torch.Tensor, got list")
+    assert_names(check_cached_decode(lambda d, x, n: x.tolist()), "should be a torch.Tensor", "got a list of")

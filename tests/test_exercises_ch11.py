@@ -57,7 +57,7 @@ def test_shift_right_names_the_mistake(buggy, phrases):
 def test_shift_right_stub_and_crash():
     assert check_shift_right(stub).status == "not attempted yet"
     assert_names(check_shift_right(lambda t, bos: torch.cat([bos, t[:, :-1]], 1)), "raised TypeError")
-    assert_names(check_shift_right(lambda t, bos: t.tolist()), "should be a torch.Tensor, got list")
+    assert_names(check_shift_right(lambda t, bos: t.tolist()), "should be a torch.Tensor", "got a list of")
 
 
 # --- the order inside a decoder block -------------------------------------------------------------

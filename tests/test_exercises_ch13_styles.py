@@ -82,7 +82,8 @@ def test_sliding_window_refuses_a_zero_answer_under_patched_torch():
     (lambda T, w: (distance(T) > 0) & (distance(T) <= w), ["the query itself left out"]),
     (lambda T, w: (distance(T) >= 0) & (distance(T) <= w), ["window + 1 keys", "Mistral paper"]),
     (lambda T, w: (distance(T) < 0) | (distance(T) >= w), ["inverted"]),
-    (lambda T, w: np.tril(np.ones((T, T), int)) - np.tril(np.ones((T, T), int), -w), ["not a torch.Tensor"]),
+    (lambda T, w: np.tril(np.ones((T, T), int)) - np.tril(np.ones((T, T), int), -w),
+     ["got a numpy.ndarray of shape (", "asks for a bool tensor"]),
     (lambda T, w: (torch.arange(T)[:, None] // w == torch.arange(T)[None] // w) & (distance(T) >= 0),
      ["chunked attention"]),
     (lambda T, w: distance(T).abs() <= w // 2, ["symmetric window", "Longformer"]),
@@ -201,7 +202,7 @@ def numpy_lookup(pool, t, S):
     return np.stack([p[int(t[i // bs]), i % bs] for i in range(S)], 1)
 
 
-@pytest.mark.parametrize("answer", [vllm_slot_mapping, cat_blocks, index_select_permute, numpy_lookup,
+@pytest.mark.parametrize("answer", [vllm_slot_mapping, cat_blocks, index_select_permute,
                                     lambda pool, t, S: pool.double()[t].flatten(0, 1)[:S].transpose(0, 1)])
 def test_block_table_accepts_other_styles(answer):
     passes(check_block_table_lookup(answer))
@@ -302,7 +303,6 @@ def no_keepdim(x):
     (inverse_scale, lambda q, inv: torch.where(inv > 0, q.float() / inv, torch.zeros(q.shape))),
     (vector_loop, lambda q, s: q.double() * s.double()),
     (half_away_from_zero, lambda q, s: q * s),
-    (numpy_quantize, lambda q, s: torch.from_numpy(q.astype(np.float32) * s)),
     (bf16_scales, lambda q, s: q.float() * s.float()),
     (no_keepdim, lambda q, s: q.float() * s[..., None]),
     (lambda x: signed_zero_point(x.double()), lambda q, scale, zp: (q.double() - zp.double()) * scale),
@@ -380,3 +380,11 @@ def test_int8_names_uint8_offset_left_in():
         s = amax(x).clamp_min(1e-8) / 127
         return (torch.round(x / s) + 128).to(torch.uint8), s
     assert_names(check_int8_quantization(offset, lambda q, s: q.float() * s), "leaves uint8's offset in")
+
+
+@pytest.mark.parametrize("check, answer", [(check_block_table_lookup, numpy_lookup),
+    (lambda answer: check_int8_quantization(answer, lambda q, s: torch.from_numpy(q.astype(np.float32) * s)),
+     numpy_quantize)])
+def test_numpy_arrays_with_the_right_values_are_refused_by_name(check, answer):
+    """A checker takes torch.Tensors only (issue 36): an array is named, with the way to turn it into one."""
+    assert_names(check(answer), "should be a torch.Tensor", "got a numpy.ndarray of shape (", "torch.from_numpy")

@@ -108,7 +108,7 @@ def residual_numpy(p, q):
     return r / r.sum(axis=-1, keepdims=True)
 
 
-@pytest.mark.parametrize("answer", [residual_book, residual_other_normaliser, residual_numpy])
+@pytest.mark.parametrize("answer", [residual_book, residual_other_normaliser])
 def test_residual_accepts_correct_answers(answer):
     result = check_residual(answer)
     assert result.passed, result
@@ -294,3 +294,9 @@ def test_admit_names_more_mistakes():
         return joined
     assert_names(check_admit(gt), "running + joined > max_batch_size")
     assert_names(check_admit(no_accumulate), "not added to reserved")
+
+
+@pytest.mark.parametrize("check, answer", [(check_residual, residual_numpy)])
+def test_numpy_arrays_with_the_right_values_are_refused_by_name(check, answer):
+    """A checker takes torch.Tensors only (issue 36): an array is named, with the way to turn it into one."""
+    assert_names(check(answer), "should be a torch.Tensor", "got a numpy.ndarray of shape (", "torch.from_numpy")

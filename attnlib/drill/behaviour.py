@@ -135,6 +135,16 @@ def history(model: nn.Module, twin: nn.Module, output: Callable[[nn.Module, torc
         raise CandidateError(_random_message(log.seen, model))
 
 
+def later(model: nn.Module, twin: nn.Module, again: torch.Tensor, first: torch.Tensor, calls: int) -> None:
+    """CandidateError if forward(x) gave `again` after the check's `calls` calls and `first` on the first one: state
+    that `history`'s two calls did not reach (a counter that changes forward after a few calls)."""
+    if not matching(again, {"first": first}):
+        raise CandidateError(f"forward's output depends on its earlier calls: forward(x) gives other numbers after "
+                             f"{calls} calls than the first time (max abs difference {float(differs(again, first).max()):.2g}"
+                             f"). It keeps state between calls in {_stored(_attributes(twin), model)}: an attention "
+                             f"module computes its output from the x it is given, the same on every call")
+
+
 def _random_message(seen: list[str], model: nn.Module) -> str:
     head = "forward(x) gives two different outputs for the same x in eval() mode"
     if "init" in seen:

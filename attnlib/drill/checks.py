@@ -23,11 +23,12 @@ import torch
 from torch import nn
 from torch.nn.utils import parametrize
 
-from attnlib.drill.build import Forward, build
+from attnlib.drill.build import build
+from attnlib.drill.forward import Forward
 from attnlib.drill.diagnosis import B, D, H, S, T, call, diagnose
 from attnlib.drill.fit import options_for, shapes_note
-from attnlib.drill.output import check_weights
-from attnlib.drill.behaviour import history
+from attnlib.drill.output import check_weights, finite
+from attnlib.drill.behaviour import history, later
 from attnlib.drill.probes import find, gradients
 from attnlib.drill.roles import names_note, ranked
 from attnlib.drill.variants import Case, reproduces, simulate
@@ -136,12 +137,9 @@ def _check(candidate: object, drill: Drill, seconds: float | None) -> str:
                 errors.append((case, str(exc)))
         if not got:
             raise CandidateError(errors[0][1])
-        if not torch.isfinite(got[0][1]).all():
-            first = (~torch.isfinite(got[0][1])).nonzero()[0].tolist()
-            what = "NaN" if torch.isnan(got[0][1]).any() else "inf"
-            raise CandidateError(f"{fwd.describe(got[0][0].call)} returns {what}, with no mask at all (first at "
-                                 f"sequence {first[0]}, position {first[1]}, feature {first[2]}): 0/0, inf - inf, an "
-                                 f"overflow, or a softmax row whose every score is -inf")
+        if got[0][0].call == "forward(x)":  # forward(x) again, after every call: a state history() did not reach
+            later(model, twin, out_of(model, x).detach(), got[0][1], len(got) + 5)
+        finite(got[0][1], fwd.describe(got[0][0].call))
         found = find(model, lambda: out_of(model, x), D, H)
         options, missing = options_for(found, model, D, H)
         options = ranked(options, found.values)

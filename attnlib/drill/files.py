@@ -48,7 +48,7 @@ def load(path: Path, seconds: float = LIMIT) -> types.ModuleType:
     module.__file__ = str(path)
     sys.modules[module.__name__] = module  # inspect.getsource looks the class's module up here
     try:
-        with changed_state(f"loading {path}") as changes, time_limit(seconds):
+        with changed_state(f"loading {path}") as changes, time_limit(seconds, f"loading {path}"):
             exec(code, module.__dict__)  # the reader's own file, run as the reader asked
     except (Exception, SystemExit, TimeLimit) as exc:
         frames = [f for f in traceback.extract_tb(exc.__traceback__) if f.filename == str(path)]

@@ -149,8 +149,9 @@ def _layers(parts, out, picked: tuple[int, ...], Dh: int, H: int, words: str, ow
 
 def project(layers: Layers, x: torch.Tensor, context: torch.Tensor, live: bool = False
             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """q = x W_qᵀ + b_q (B, T, D); k, v from context (B, S, D); the rows of the weight are [q; k; v]."""
+    """q = x W_qᵀ + b_q (B, T, D); k, v from context (B, S, D); the rows of the weight are [q; k; v]. In the
+    layers' own dtype (a reader may make them float64)."""
     weight, bias = layers.in_params(live)
     D = weight.shape[1]
     w, b = weight.split(D), (None,) * 3 if bias is None else bias.split(D)
-    return tuple(F.linear(src, wi, bi) for src, wi, bi in zip((x, context, context), w, b))
+    return tuple(F.linear(src.to(wi.dtype), wi, bi) for src, wi, bi in zip((x, context, context), w, b))

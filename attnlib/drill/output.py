@@ -14,7 +14,7 @@ from attnlib._checks import fmt_shape
 from attnlib.exercises._core import CandidateError, as_tensor, matching
 from attnlib.exercises._describe import fitted
 
-__all__ = ["unpack", "check_weights"]
+__all__ = ["unpack", "check_weights", "finite"]
 
 
 def _shape(value: object) -> tuple[int, ...] | None:
@@ -124,3 +124,13 @@ def check_weights(weights: object, expected: torch.Tensor, call: str, need_weigh
             " (their rows do not sum to 1: the scores before the softmax?)")
     raise CandidateError(f"the attention weights returned by {call} are not the probabilities applied to v, "
                          f"softmax(Q Kᵀ / sqrt(d_k)) with the mask, per head{hint}")
+
+
+def finite(out: torch.Tensor, call: str) -> None:
+    """CandidateError if the output (B, T, D) of `call`, made with no mask at all, holds NaN or inf."""
+    if not torch.isfinite(out).all():
+        first = (~torch.isfinite(out)).nonzero()[0].tolist()
+        what = "NaN" if torch.isnan(out).any() else "inf"
+        raise CandidateError(f"{call} returns {what}, with no mask at all (first at sequence {first[0]}, position "
+                             f"{first[1]}, feature {first[2]}): 0/0, inf - inf, an overflow, or a softmax row whose "
+                             f"every score is -inf")

@@ -21,9 +21,9 @@ import torch.nn.functional as F
 
 from attnlib.attention import attention, softmax
 from attnlib.drill.layers import Layers, project
+from attnlib.drill.masking import allowed_pairs
 from attnlib.drill.mistakes import MISTAKES, Mistake
 from attnlib.exercises._core import matching
-from attnlib.masks import causal_mask, combine
 
 __all__ = ["Case", "Variant", "simulate", "reproduces", "explain", "SCALES"]
 
@@ -84,30 +84,6 @@ def _merge(o: torch.Tensor, how: str) -> torch.Tensor:
     return (o.transpose(1, 2) if how == "heads" else o).reshape(B, L, H * Dh)
 
 
-def _user_mask(mask: torch.Tensor | None, how: str) -> torch.Tensor | None:
-    if mask is None or how == "kept":
-        return mask
-    return {"inverted": lambda m: ~m, "ignored": lambda m: None,
-            "ignored if 2-D": lambda m: None if m.dim() == 2 else m,
-            "head 0": lambda m: m[:, :1] if m.dim() == 4 else m,
-            "transposed": lambda m: m.transpose(-2, -1)}[how](mask)
-
-
-def _allowed(case: Case, v: Variant, T: int, S: int) -> torch.Tensor | None:
-    """The mask the variant applies: the reader's mask (as the variant treats it) and the causal ones."""
-    user = None if case.is_causal and v.causal == "replaces mask" else _user_mask(case.mask, v.mask)
-    causal = None
-    if case.is_causal and v.causal != "ignored":
-        tril = causal_mask(T, S)  # (T, S), bottom-right aligned
-        causal = {"inverted": ~tril, "strict": tril.tril(S - T - 1),
-                  "triu": torch.ones(T, S, dtype=torch.bool).triu()}.get(v.causal, tril)
-    if v.always_causal == "always" or (v.always_causal == "cross" and case.context is not None):
-        causal = combine(causal, torch.ones(T, S, dtype=torch.bool).tril())  # torch.tril: top-left
-    if v.causal == "or" and user is not None and causal is not None:
-        return user | causal
-    return combine(user, causal)
-
-
 def _softmax(s: torch.Tensor, axis: object) -> torch.Tensor:
     if axis == "BH":
         return softmax(s.flatten(0, 1), dim=0).view_as(s)
@@ -159,13 +135,14 @@ def simulate(layers: Layers, num_heads: int, x: torch.Tensor, case: Case, varian
         q, k, v = project(layers, x, x if variant.kv_from_x else context, live)
         heads = 1 if variant.heads == "one" else num_heads
         q, k, v = (_split(t, heads, variant.split) for t in (q, k, v))  # (B, H, T or S, Dh)
-        allowed = _allowed(case, variant, q.shape[-2], k.shape[-2])
+        allowed = allowed_pairs(case, variant, q.shape[-2], k.shape[-2])
         pairs = []
         for w in _flavours(_weights(q, k, v, allowed, variant), allowed, variant):
             applied = w.transpose(-2, -1) if variant.weights_T else w
             out = _merge(applied @ v, variant.merge)  # (B, H, T, S) @ (B, H, S, Dh) -> (B, H, T, Dh) -> (B, T, D)
             if variant.w_o:
-                out = F.linear(out, *layers.out_params(live))
+                w_o, b_o = layers.out_params(live)
+                out = F.linear(out.to(w_o.dtype), w_o, b_o)
             pairs.append((out + x if variant.residual else out, w))
     return pairs
 

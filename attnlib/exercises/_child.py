@@ -33,10 +33,12 @@ from collections.abc import Callable
 
 import torch
 
-__all__ = ["ChildLost", "available", "in_child", "inside", "beat"]
+__all__ = ["ChildLost", "available", "in_child", "inside", "beat", "abandon"]
 
 _INSIDE = [False]  # True in a child: a check inside it runs in that child, not in a grandchild
 _BEAT = [-1]  # in a child: the pipe on which beat() tells the parent that the child is still making progress
+_SEND = [-1, None]  # in a child: the pipe its outcome goes back on, and what the reader's code printed
+_EXIT = os._exit  # the real one: the state guard replaces os._exit while reader code runs (_state)
 _PRINTED = 20_000  # at most this many characters of what the reader's code printed are shown
 
 
@@ -62,6 +64,23 @@ def beat() -> None:
             os.write(_BEAT[0], b".")
 
 
+def _send(fd: int, outcome: tuple, printed: io.StringIO) -> None:
+    try:
+        data = pickle.dumps((outcome, printed.getvalue()[-_PRINTED:]))
+    except Exception as exc:  # noqa: BLE001 - an answer that cannot be pickled
+        data = pickle.dumps((("raised", ChildLost(f"its result could not be sent back: {exc}")), ""))
+    while data:
+        data = data[os.write(fd, data):]
+
+
+def abandon(why: str) -> None:
+    """In a child: send ChildLost(why) back as the outcome and end the child at once (from a timer thread,
+    when the reader's code swallows every attempt to stop it); elsewhere nothing."""
+    if _SEND[0] >= 0:
+        _send(_SEND[0], ("raised", ChildLost(why)), _SEND[1])
+        _EXIT(0)
+
+
 def _settle_child(printed: io.StringIO) -> None:
     """In the forked child: Python's prints go to `printed` and C's to /dev/null (a notebook's output socket
     belongs to the parent), no crash report (faulthandler writes to its own copy of the parent's stderr: the
@@ -84,17 +103,13 @@ def _child(work: Callable[[], object], fd: int, beats: int) -> None:
     try:
         _BEAT[0] = beats
         printed = io.StringIO()
+        _SEND[:] = fd, printed
         _settle_child(printed)
         try:
             outcome = ("returned", work())
         except BaseException as exc:  # noqa: BLE001 - sent to the parent, which raises it (a KeyboardInterrupt too:
             outcome = ("raised", exc)  # a Ctrl-C stops the check, whichever process it reached)
-        try:
-            data = pickle.dumps((outcome, printed.getvalue()[-_PRINTED:]))
-        except Exception as exc:  # noqa: BLE001 - an answer that cannot be pickled
-            data = pickle.dumps((("raised", ChildLost(f"its result could not be sent back: {exc}")), ""))
-        while data:
-            data = data[os.write(fd, data):]
+        _send(fd, outcome, printed)
     finally:
         os._exit(0)
 

@@ -22,7 +22,7 @@ import torch
 from attnlib.exercises._child import ChildLost, available, in_child
 from attnlib.exercises._expect import Family, Unexplained, as_tensor, expect_close, full_precision, matching
 from attnlib.exercises._guard import seconds
-from attnlib.exercises._runner import CandidateError, NotAttempted, arg_names, reader_line, run
+from attnlib.exercises._runner import CandidateError, NotAttempted, arg_names, one_check, reader_line, run
 from attnlib.exercises._state import restore_torch
 from attnlib.exercises._state_text import replaced_text
 
@@ -58,7 +58,7 @@ class CheckResult:
 def _checked(name: str, body: Callable[..., str], args: tuple, kwargs: dict) -> CheckResult:
     """body(*args, **kwargs) with the random generator seeded, its outcome as a CheckResult."""
     try:
-        with torch.random.fork_rng():
+        with one_check(), torch.random.fork_rng():
             torch.manual_seed(0)
             message = body(*args, **kwargs)
         return CheckResult(name, True, message)

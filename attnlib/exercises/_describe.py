@@ -186,7 +186,8 @@ def differences(got: torch.Tensor, want: torch.Tensor, axes: Sequence[str] | Non
         right = [i for i in range(got.shape[a]) if _close(got.select(a, i), want.select(a, i))]
         if 0 < len(right) < got.shape[a] and got.shape[a] > 1:
             wrong = [i for i in range(got.shape[a]) if i not in right]
-            named = lambda ids: f"{name}{'' if len(ids) == 1 else 's'} {spans(ids)}"  # noqa: E731
+            named = lambda ids: (f"{'index' if len(ids) == 1 else 'indices'} {spans(ids)} along {name}"  # noqa: E731
+                                 if name.startswith("dim ") else f"{name}{'' if len(ids) == 1 else 's'} {spans(ids)}")
             facts.append(f"{named(right)} {'is' if len(right) == 1 else 'are'} right, {named(wrong)} "
                          f"{'is' if len(wrong) == 1 else 'are'} not")
     diff = float((got - want).abs().max())

@@ -11,12 +11,13 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 
+import numpy as np
 import torch
 
 from attnlib.exercises._describe import differences, fitted
 from attnlib.exercises._runner import CandidateError
 
-__all__ = ["Unexplained", "Family", "either", "as_tensor", "full_precision", "matching", "expect_close"]
+__all__ = ["Unexplained", "Family", "either", "described", "as_tensor", "full_precision", "matching", "expect_close"]
 
 
 class Unexplained(CandidateError):
@@ -24,10 +25,38 @@ class Unexplained(CandidateError):
     differs by structure; a checker may catch it to say more (which groups, which position came from where)."""
 
 
+def _type_name(value: object) -> str:
+    kind = type(value)
+    module = kind.__module__.split(".")[0]
+    return kind.__qualname__ if module == "builtins" else f"{module}.{kind.__qualname__}"
+
+
+def described(value: object, depth: int = 0) -> str:
+    """What a reader returned, in words: 'a numpy.ndarray of shape (2, 3) (float64)', 'a tuple of 2 items
+    (a torch.Tensor of shape (2, 5), None)', 'a float (0.5)', 'None'."""
+    name = _type_name(value)
+    article = "an" if name[0] in "aeiouAEIOU" else "a"
+    if value is None:
+        return "None"
+    if isinstance(value, (bool, int, float, complex, np.generic)):
+        return f"{article} {name} ({float(value) if isinstance(value, float) else repr(value)[:40]})"
+    if isinstance(getattr(value, "shape", None), tuple) or isinstance(value, torch.Tensor):
+        return f"{article} {name} of shape {tuple(value.shape)} ({value.dtype})"
+    if isinstance(value, (list, tuple)):
+        items = ", ".join(described(v, depth + 1) for v in value[:4]) + (", ..." if len(value) > 4 else "")
+        return f"{article} {name} of {len(value)} items" + (f" ({items})" if depth == 0 and value else "")
+    return f"{article} {name}"
+
+
 def as_tensor(value: object, what: str, shape: tuple[int, ...] | None = None) -> torch.Tensor:
-    """Check that the reader returned a tensor (of `shape`, when given); raise CandidateError if not."""
+    """Check that the reader returned a tensor (of `shape`, when given); raise CandidateError if not, naming
+    what it got: a numpy array, a list, a tuple where one tensor is expected, a Python number."""
     if not isinstance(value, torch.Tensor):
-        raise CandidateError(f"{what} should be a torch.Tensor, got {type(value).__name__}")
+        hint = {np.ndarray: ": torch.from_numpy(array) turns it into one", list: ": torch.tensor(...) or "
+                "torch.stack(...) turns a list into one", tuple: ": return the one tensor asked for, not a tuple"}
+        expected = "a torch.Tensor" + (f" of shape {tuple(shape)}" if shape is not None else "")
+        raise CandidateError(f"{what} should be {expected}, got {described(value)}"
+                             f"{next((h for k, h in hint.items() if isinstance(value, k)), '')}")
     if value.is_complex():
         raise CandidateError(f"{what} returned a complex tensor ({value.dtype}): return real numbers "
                              f"(torch.view_as_real, or .real and .imag put back in their places)")
@@ -109,7 +138,9 @@ def expect_close(got: torch.Tensor, expected: torch.Tensor, what: str, *,
     `mistakes`, or one of `families`, mistakes with a number in them ("the scores times {c:.4g}": the text
     is formatted with the c in [lo, hi] for which produce(c) reproduces got, and inv = 1/c). When none
     does, say what differs by structure (_describe.differences over `axes`, the names of got's dimensions).
-    A half-precision `got` is named as such when `expected` is in full precision."""
+    A half-precision `got` is named as such when `expected` is in full precision; anything but a tensor
+    (a numpy array, a list) is refused by name (as_tensor)."""
+    got = as_tensor(got, what)
     if expected.dtype not in (torch.float16, torch.bfloat16):
         full_precision(got, what)
     if torch.isnan(got).any() and not torch.isnan(expected).any():

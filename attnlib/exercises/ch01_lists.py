@@ -42,6 +42,8 @@ def _one_query_stage(fn: Callable, q: list, keys: list, values: list, *, overflo
         mistakes["no normalization: the weights exp(s_j) are never divided by their sum"] = scores.exp() @ vt
         mistakes["no normalization: the weights exp(s_j - max) are never divided by their sum"] = \
             (scores - scores.max()).exp() @ vt
+        mistakes["the max subtracted in the numerator only: exp(s_j - max) / Σ exp(s_k) is the softmax times "
+                 "exp(-max); subtract it above and below the line"] = out[0] * (-scores.max()).exp()
     expect_close(got, out[0], what, mistakes=mistakes)
 
 

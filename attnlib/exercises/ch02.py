@@ -32,6 +32,9 @@ def check_scaled_scores(fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
     mistakes["the wrong scale: divided by sqrt(T), the number of queries, instead of sqrt(Dh)"] = \
         expected * math.sqrt(Dh) / math.sqrt(T)
     mistakes["a softmax already applied: these are the weights, not the scores"] = softmax(expected, dim=-1)
+    mistakes["k reshaped (or viewed) to (B, H, Dh, S) instead of transposed: reshape keeps the memory order, so "
+             "each column mixes numbers of several keys; use k.transpose(-2, -1)"] = \
+        q @ k.reshape(B, H, Dh, S) / math.sqrt(Dh)
     expect_close(got, expected, what, mistakes=mistakes)
     return "q kᵀ / sqrt(Dh), with one row per query, for T, S and Dh all different"
 

@@ -109,6 +109,8 @@ def _param_mistakes(d: int, h: int, kv: int, bias: bool) -> dict[str, int]:
         "one D x D matrix per head: a head's W_q is D x Dh, not D x D": (h + 2 * kv + 1) * (d * d + b * d),
         "W_o shrunk like W_k and W_v (H_kv·Dh x D): it maps the H·Dh merged query heads back to D, so it stays "
         "D x D": d * d + 3 * d * kv * dh + b * (d + 3 * kv * dh),
+        "the biases counted as 4·D, as in MHA: W_k's and W_v's biases have H_kv·Dh entries, one per output feature":
+            d * (d + 2 * kv * dh) + d * d + 4 * b * d,
         **({f"one bias missing, {name}'s (a count cannot tell which): every projection has one":
             d * (d + 2 * kv * dh) + d * d + d + 2 * kv * dh + d - n
             for name, n in (("W_q's or W_o", d), ("W_k's or W_v", kv * dh))} if bias else {}),

@@ -11,6 +11,7 @@ import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
 from attnlib.exercises._core import CandidateError, as_tensor, full_precision, run
+from attnlib.exercises._expect import described
 from attnlib.mha import split_heads
 
 __all__ = ["as_triple", "fused_mistakes", "count_products"]
@@ -24,11 +25,7 @@ def as_triple(got: object, what: str, shape: tuple[int, int, int, int]) -> torch
     elif isinstance(got, Iterable) and not isinstance(got, (torch.Tensor, str, bytes, Mapping)):
         got = run(tuple, got, what=what)  # a generator runs the reader's code only now
     if not isinstance(got, (tuple, list)) or len(got) != 3 or not all(isinstance(t, torch.Tensor) for t in got):
-        kind = (f"one tensor of shape {tuple(got.shape)}" if isinstance(got, torch.Tensor)
-                else f"{type(got).__name__} of {len(got)} items ({', '.join(type(t).__name__ for t in got)})"
-                if isinstance(got, (tuple, list))
-                else type(got).__name__)
-        raise CandidateError(f"{what} should return three tensors (q, k, v), got {kind}")
+        raise CandidateError(f"{what} should return three torch.Tensors (q, k, v), got {described(got)}")
     shapes = {tuple(t.shape) for t in got}
     if shapes != {shape}:
         B, H, T, Dh = shape

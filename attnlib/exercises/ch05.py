@@ -153,6 +153,7 @@ def check_rope_offset_score(fn: Callable[[torch.Tensor, torch.Tensor, int], obje
         "q and k both rotated by the same angle, which cancels: that is q · k, with no position at all":
             (q @ k).expand(len(deltas)),
         _INTERLEAVED: scores(interleaved=True),
+        "the exponent j/Dh instead of 2j/Dh in θ_j = 10000^(-2j/Dh)": scores(exponent=-1.0),
         "the score divided by sqrt(Dh): asked for is the raw q_m · k_n, before attention's scale":
             expected / Dh ** 0.5,
     }

@@ -8,6 +8,7 @@ import torch
 
 from attnlib.decoder import LlamaDecoder
 from attnlib.exercises._core import CandidateError, as_tensor, checker, expect_close, run
+from attnlib.exercises._arguments import altered, module_text, snapshot
 from attnlib.exercises.ch07 import _tensor_or_named
 from attnlib.generation import generate
 from attnlib.caches import KVCache
@@ -124,8 +125,12 @@ def check_cached_decode(fn: Callable[[Callable, torch.Tensor, int], torch.Tensor
     prompt = torch.randint(0, 50, (1, T))
     recorder = _Recorder(decoder)
     what = f"decode(decoder, input_ids, max_new_tokens={new}) with input_ids of shape (1, {T})"
+    before = snapshot(decoder)  # the recorder passes on what it does not define: `decoder.parameters()` too
     with torch.no_grad():
-        got = as_tensor(run(fn, recorder, prompt.clone(), new, what=what), what)
+        got = run(fn, recorder, prompt.clone(), new, what=what)
+        if change := altered(before, decoder):
+            raise CandidateError(module_text(what, [f"the decoder ({change})"]))
+        got = as_tensor(got, what)
         expected = generate(decoder, prompt, new)
         no_prefill_argmax = _first_token_logits(decoder, prompt, new)
     if tuple(got.shape) != (1, T + new):
@@ -138,19 +143,21 @@ def check_cached_decode(fn: Callable[[Callable, torch.Tensor, int], torch.Tensor
         raise CandidateError(f"{what} fed {refed[0]} tokens in one call after the prompt, with a cache that "
                              f"already held them: their keys and values are cached twice and the positions "
                              f"shift; feed only the newest token, input_ids[:, -1:]")
+    fed = [n for n, _ in recorder.calls]
+    if any(before == 0 for _, before in recorder.calls[1:]):
+        right = "right tokens, but " if torch.equal(got, expected) else ""
+        raise CandidateError(f"{what}: {right}a new empty KVCache was made after the first call, so the later calls "
+                             f"see none of the earlier tokens ({sum(fed)} tokens fed in {len(fed)} calls); make one "
+                             f"cache before the loop and pass it to every call")
     if not torch.equal(got, expected):
         if torch.equal(got, no_prefill_argmax):
             raise CandidateError(f"{what} chose the first new token from the logits of the prompt's FIRST "
                                  f"token: the next token comes from the last row, logits[:, -1]")
         raise CandidateError(f"{what} chose other tokens than greedy decoding: take logits[:, -1].argmax(-1) "
                              f"of each call, and feed each token exactly once")
-    fed = [n for n, _ in recorder.calls]
     if any(before is None for _, before in recorder.calls):
         raise CandidateError(f"right tokens, but some calls had no cache: {sum(fed)} tokens fed in "
                              f"{len(fed)} calls instead of {T + new - 1}; pass one KVCache to every call")
-    if any(before == 0 for _, before in recorder.calls[1:]):
-        raise CandidateError(f"right tokens, but a new empty KVCache was made after the first call: "
-                             f"{sum(fed)} tokens fed instead of {T + new - 1}; make one cache before the loop")
     return _count_calls(fed, T, new)
 
 

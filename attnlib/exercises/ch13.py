@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-import numpy as np
 import torch
 
 from attnlib.exercises._core import CandidateError, Unexplained, as_tensor, checker, expect_close, run
@@ -27,10 +26,10 @@ def _as_bool_mask(got: object, what: str, T: int) -> torch.Tensor:
     """The reader's mask, which must be a bool tensor of (T, T) (leading 1-dims allowed: they broadcast).
     Anything else is refused with the rule: the chapter applies `~mask`, and SDPA *adds* a float mask."""
     rule = "the exercise asks for a bool tensor, True = may attend (the chapter's code applies `~mask`)"
-    if isinstance(got, (np.ndarray, list, tuple)):
-        raise CandidateError(f"{what} returned a {type(got).__name__}, not a torch.Tensor: {rule}; build it with "
-                             f"torch (torch.arange, torch.ones(..., dtype=torch.bool).tril(), ...)")
-    got = as_tensor(got, what)
+    try:
+        got = as_tensor(got, what)
+    except CandidateError as exc:
+        raise CandidateError(f"{exc}; {rule}") from None
     while got.dim() > 2 and got.shape[0] == 1:
         got = got[0]                                           # (1, 1, T, T) broadcasts like (T, T)
     got = as_tensor(got, what, shape=(T, T))
@@ -96,8 +95,6 @@ def check_block_table_lookup(fn: Callable[[torch.Tensor, torch.Tensor, int], tor
         table = torch.tensor(table)
         what = f"lookup(pool, block_table={table.tolist()}, seq_len={S}) with blocks of {bs} slots"
         got = run(fn, pool.clone(), table.clone(), S, what=what)
-        if isinstance(got, np.ndarray):
-            got = torch.as_tensor(got)
         if isinstance(got, torch.Tensor) and got.dim() == 4 and got.shape[0] == 1:
             got = got[0]                                      # a batch of one is fine
         blocks = pool[table]                                  # (n, bs, H_kv, Dh): the sequence's blocks in order

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-import numpy as np
 import torch
 from torch.overrides import TorchFunctionMode
 
@@ -135,10 +134,6 @@ def _factor(x: torch.Tensor, x_hat: torch.Tensor, amax: torch.Tensor) -> str:
             f"scale (one of them leaves out, or applies twice, the factor 127 between max|x| and the scale?)")
 
 
-def _tensor(t: object) -> object:
-    return torch.from_numpy(t) if isinstance(t, np.ndarray) else t
-
-
 @checker("int8 quantization")
 def check_int8_quantization(quantize: Callable[[torch.Tensor], tuple], dequantize: Callable[..., torch.Tensor]) -> str:
     """quantize(x) with x (..., Dh) returns (q, scale, ...): q int8 (or uint8) of x's shape and one scale per
@@ -150,7 +145,7 @@ def check_int8_quantization(quantize: Callable[[torch.Tensor], tuple], dequantiz
     if isinstance(out, torch.Tensor) or not isinstance(out, (tuple, list)) or len(out) < 2:
         raise CandidateError(f"{what} returned {type(out).__name__}: return the int8 values and their scales, "
                              f"(q, scale), without which nothing can be dequantized")
-    q = as_tensor(_tensor(out[0]), f"{what}: q", shape=x.shape)
+    q = as_tensor(out[0], f"{what}: q", shape=x.shape)
     if q.dtype not in (torch.int8, torch.uint8):
         whole = not q.is_floating_point() or bool((q == q.round()).all())
         raise CandidateError(f"{what}: q is {q.dtype}, {q.element_size()} bytes per number, so the cache is no "
@@ -161,7 +156,7 @@ def check_int8_quantization(quantize: Callable[[torch.Tensor], tuple], dequantiz
                              f"whose scale is 0, and 0 / 0 = NaN. Casting NaN to int8 is undefined (this CPU gives 0, "
                              f"so the round trip only looks right); guard the division: scale.clamp_min(1e-8), or "
                              f"torch.where(scale == 0, 1.0, scale)")
-    x_hat = as_tensor(_tensor(run(dequantize, *out, what="dequantize(*quantize(x))")), "dequantize(*quantize(x))",
+    x_hat = as_tensor(run(dequantize, *out, what="dequantize(*quantize(x))"), "dequantize(*quantize(x))",
                       shape=x.shape)
     if not x_hat.is_floating_point():
         raise CandidateError(f"dequantize(*quantize(x)) returned {x_hat.dtype}: multiply q by its scale in floating point")
@@ -172,7 +167,7 @@ def check_int8_quantization(quantize: Callable[[torch.Tensor], tuple], dequantiz
             " where x is an all-zero vector (a padded token, say): its scale is 0 and 0 / 0 = NaN; guard the "
             "division" if zero_only else ""))
     worst = float(((x_hat.double() - x.double()).abs() / amax.clamp_min(1e-30)).max())
-    rest = [_tensor(t) for t in out[1:]]
+    rest = [t for t in out[1:]]
     extra, vectors = sum(t.numel() for t in rest if isinstance(t, torch.Tensor)), x.numel() // x.shape[-1]
     if worst <= _BOUND and extra <= 2 * vectors:
         return ("one byte per number and one scale per vector, and every number of the round trip within half a "

@@ -10,7 +10,6 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
-import numpy as np
 import torch
 
 from attnlib.exercises._core import CandidateError, as_tensor, checker, full_precision, run
@@ -23,9 +22,7 @@ LAM = 0.7
 
 
 def tensor_of(value: object, what: str, shape: tuple[int, ...]) -> torch.Tensor:
-    """The reader's result as a floating tensor of `shape` (a numpy array is accepted), or a CandidateError."""
-    if isinstance(value, np.ndarray):
-        value = torch.as_tensor(value)
+    """The reader's result as a floating tensor of `shape`, or a CandidateError."""
     got = as_tensor(value, what, shape=shape)
     if not got.is_floating_point():
         raise CandidateError(f"{what} has dtype {got.dtype}: the result must be floating point (float32 or float64); "

@@ -33,6 +33,10 @@ def _mistakes(x, y, w_g, w_o) -> dict[str, torch.Tensor]:
             out(torch.sigmoid(x) @ w_g.T),
         "the gate added (y + σ(x W_gᵀ)), not multiplied": (y + torch.sigmoid(z)) @ w_o.T,
         "the gate not applied: y W_oᵀ": y @ w_o.T,
+        "the gate computed from y (σ(y), SiLU on the heads' output) instead of from the layer's input x: σ(x W_gᵀ)":
+            out(torch.sigmoid(y)),
+        "gate_weight reshaped to (D, H·Dh) instead of transposed: x @ gate_weight.T (reshape keeps the memory order, "
+        "so each channel mixes rows of several)": out(torch.sigmoid(x @ w_g.reshape(w_g.shape[1], w_g.shape[0]))),
         "the gate applied twice (y ⊙ σ² ...)": out(torch.sigmoid(z) ** 2),
         "the gate applied after W_o (to y W_oᵀ, cut to its width): it multiplies the heads' merged output y, channel "
         "by channel, before W_o mixes the heads: (y ⊙ σ(x W_gᵀ)) W_oᵀ": (y @ w_o.T) * torch.sigmoid(z)[..., :w_o.shape[0]],

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-import numpy as np
 import torch
 
 from attnlib.delta_rule import l2_normalize
@@ -16,13 +15,6 @@ from attnlib.linear_attention import elu_feature_map
 __all__ = ["check_linear_attention_step", "check_delta_rule_update", "check_topk_selection"]
 
 B, H, DK, DV = 2, 3, 5, 4  # Dk != Dv: a transposed state cannot pass for the right one
-
-
-def _tensor(value: object, what: str) -> torch.Tensor:
-    """A tensor from a tensor or a numpy array (the reader may compute in numpy)."""
-    if isinstance(value, np.ndarray):
-        value = torch.as_tensor(value)
-    return as_tensor(value, what)
 
 
 def _shaped(got: torch.Tensor, what: str, shape: tuple[int, ...], transposed: torch.Tensor) -> torch.Tensor:
@@ -77,7 +69,7 @@ def check_linear_attention_step(fn: Callable) -> str:
         out, S_got, z_got = _unpack_linear(run(fn, S.clone(), z.clone(), q.clone(), k.clone(), v.clone(), what=what),
                                            what)
         want_out, want_S, want_z = _step(S, z, q, k, v)
-        S_got = _shaped(_tensor(S_got, f"{what}: S_new"), f"{what}: S_new", want_S.shape, want_S.transpose(-1, -2))
+        S_got = _shaped(as_tensor(S_got, f"{what}: S_new"), f"{what}: S_new", want_S.shape, want_S.transpose(-1, -2))
         expect_close(S_got, want_S, f"{what}: S_new", atol=1e-4, mistakes={
             "the raw key written (k vᵀ): apply the feature map first, φ(k) = elu(k) + 1":
                 _step(S, z, q, k, v, lambda x: x)[1],
@@ -92,12 +84,12 @@ def check_linear_attention_step(fn: Callable) -> str:
                 _step(S, z, q, k, v, lambda x: torch.relu(x) + 1)[1],
             "φ = relu(x): the feature map here is elu(x) + 1, positive everywhere": _step(S, z, q, k, v, torch.relu)[1],
         })
-        z_got = as_tensor(_tensor(z_got, f"{what}: z_new"), f"{what}: z_new", shape=want_z.shape)
+        z_got = as_tensor(z_got, f"{what}: z_new", shape=want_z.shape)
         expect_close(z_got, want_z, f"{what}: z_new", atol=1e-4, mistakes={
             "z_new = z + k: the normaliser sums φ(k), the same features the state stores": z + k,
             "z not carried over: z_new = φ(k) forgets every earlier key": elu_feature_map(k),
         })
-        out = as_tensor(_tensor(out, f"{what}: out"), f"{what}: out", shape=want_out.shape)
+        out = as_tensor(out, f"{what}: out", shape=want_out.shape)
         expect_close(out, want_out, f"{what}: out", atol=1e-4, mistakes={
             "no normaliser: divide φ(q)ᵀ S_new by φ(q) · z_new": _step(S, z, q, k, v, normalise=False)[0],
             "the state read before the token's own write (φ(q)ᵀ S, not φ(q)ᵀ S_new): a query sees its own key":
@@ -146,7 +138,7 @@ def check_delta_rule_update(fn: Callable) -> str:
         what = f"delta_update at step {t} (S {(B, H, DK, DV)}, k {(B, H, DK)}, v {(B, H, DV)}, beta and alpha {(B, H)})"
         got = run(fn, S.clone(), k.clone(), v.clone(), beta.clone(), alpha.clone(), what=what)
         want = _delta(S, k, v, beta, alpha)
-        got = _shaped(_tensor(got, what), what, want.shape, want.transpose(-1, -2))
+        got = _shaped(as_tensor(got, what), what, want.shape, want.transpose(-1, -2))
         mistakes = {
             "k not normalised: Gated DeltaNet writes along k / ‖k‖ (with ‖k‖ ≠ 1, I - β k kᵀ no longer "
             "only "

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-import numpy as np
 import torch
 
 from attnlib.exercises._core import CandidateError, as_tensor, checker, run
@@ -33,8 +32,6 @@ def _top(scores: torch.Tensor, k: int, allowed: torch.Tensor | None, *, largest:
 
 def _as_mask(got: object, what: str, shape: tuple[int, ...], k: int) -> torch.Tensor:
     """The reader's result as a bool mask of `shape`: bool, 0/1 integers, or an additive 0/-inf float mask."""
-    if isinstance(got, (np.ndarray, list)):
-        got = torch.as_tensor(np.asarray(got))
     got = as_tensor(got, what)
     if k < shape[-1] and tuple(got.shape) == (*shape[:-1], k) and not got.is_floating_point():
         raise CandidateError(f"{what} returned indices {tuple(got.shape)}, not a mask {shape}: scatter them into "

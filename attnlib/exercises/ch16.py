@@ -102,7 +102,6 @@ def check_residual(fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -> 
     for p, q, about in _residual_cases():
         what = f"residual(p, q) on {about}"
         got = run(fn, p.clone(), q.clone(), what=what)
-        got = torch.as_tensor(np.asarray(got)) if isinstance(got, np.ndarray) else got
         got = as_tensor(got, what)
         want = (p - q).clamp(min=0)
         want = want / want.sum(-1, keepdim=True)

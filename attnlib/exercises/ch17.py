@@ -6,7 +6,6 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 
-import numpy as np
 import torch
 
 from attnlib.exercises._core import CandidateError, as_tensor, checker, expect_close, matching, run
@@ -88,12 +87,12 @@ def check_seq_to_heads(fn: Callable[[list], list]) -> str:
         blocks = list(full.chunk(W, dim=2))
         what = f"seq_to_heads(blocks) for {W} ranks, H={H}"
         got = run(fn, [b.clone() for b in blocks], what=what)
-        if isinstance(got, (torch.Tensor, np.ndarray)) and got.ndim == 5 and len(got) == W:
-            got = list(torch.as_tensor(got).unbind(0))  # the W results stacked in one tensor: the same data
+        if isinstance(got, torch.Tensor) and got.ndim == 5 and len(got) == W:
+            got = list(got.unbind(0))  # the W results stacked in one tensor: the same data
         if not isinstance(got, (list, tuple)) or len(got) != W:
             raise CandidateError(f"{what} should return a list of {W} tensors, one per rank, got "
                                  f"{type(got).__name__}" + (f" of length {len(got)}" if isinstance(got, (list, tuple)) else ""))
-        got = [as_tensor(torch.as_tensor(x) if isinstance(x, np.ndarray) else x, f"{what}[{g}]")
+        got = [as_tensor(x, f"{what}[{g}]")
                for g, x in enumerate(got)]
         if len({x.shape for x in got}) > 1:
             raise CandidateError(f"{what} returned tensors of shapes {[tuple(x.shape) for x in got]}: every rank "
@@ -134,7 +133,6 @@ def check_qkv_shard(fn: Callable[..., torch.Tensor]) -> str:
         w = torch.randn((H + 2 * H_kv) * Dh, D, dtype=torch.float64)
         what = f"qkv_shard(weight, num_heads={H}, num_kv_heads={H_kv}, rank={rank}, world_size={W})"
         got = run(fn, w.clone(), H, H_kv, rank, W, what=what)
-        got = torch.as_tensor(got) if isinstance(got, np.ndarray) else got  # a numpy answer is as good
         want, q, k, v = qkv_rows(w, H, H_kv, rank, W), *w.split([H * Dh, H_kv * Dh, H_kv * Dh])
         mistakes = qkv_mistakes(w, H, H_kv, rank, W, Dh)
         mistakes[("heads dealt round-robin (rank r got heads r, r + W, ...): this chapter gives each rank a "
