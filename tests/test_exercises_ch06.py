@@ -44,6 +44,7 @@ def test_encoder_block_accepts_padded_queries_masked_too():
 @pytest.mark.parametrize("buggy, phrases", [
     (lambda l, x, v: block(l, x, v, order="pre"), ["the pre-LN order"]),
     (lambda l, x, v: block(l, x, v, mask_fn=None), ["no padding mask"]),
+    (lambda l, x, v: block(l, x, v, mask_fn=lambda v: v.bool()[:, None, :, None]), ["the padding put on the query axis"]),
     (lambda l, x, v: block(l, x, v, mask_fn=lambda v: masks.padding_mask(v == 0)), ["an inverted padding mask"]),
     (lambda l, x, v: block(l, x, v, res_attn=False), ["no residual around attention"]),
     (lambda l, x, v: block(l, x, v, res_ffn=False), ["no residual around the FFN"]),
@@ -53,6 +54,18 @@ def test_encoder_block_accepts_padded_queries_masked_too():
 ])
 def test_encoder_block_names_the_mistake(buggy, phrases):
     assert_names(check_encoder_block(buggy), *phrases)
+
+
+def test_encoder_block_tells_no_mask_from_a_mask_on_the_query_axis():
+    """Both give the same numbers at the real tokens; only the padded rows (masked whole) differ."""
+    no_mask = check_encoder_block(lambda l, x, v: block(l, x, v, mask_fn=None)).message
+    assert "no padding mask" in no_mask and "query axis" not in no_mask, no_mask
+
+    def on_queries(layer, x, valid):                                       # a reader's own loop over the parts
+        mask = valid.bool().unsqueeze(1).unsqueeze(-1)                     # (B, 1, T, 1)
+        h = layer.norm1(x + layer.attn(x, mask=mask))
+        return layer.norm2(h + layer.ffn(h))
+    assert_names(check_encoder_block(on_queries), "the padding put on the query axis", "(B, 1, T, 1)")
 
 
 def test_encoder_block_stub_crash_and_shortcut():

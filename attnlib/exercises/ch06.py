@@ -9,6 +9,7 @@ import torch
 from attnlib import masks
 from attnlib.encoder import EncoderLayer, mean_pool
 from attnlib.exercises._core import CandidateError, as_tensor, checker, expect_close, run
+from attnlib.exercises._expect import matching
 from attnlib.exercises.ch01 import reject_shape_mistakes, run_or_explain
 
 __all__ = ["check_encoder_block", "check_mean_pool", "check_find_head"]
@@ -58,6 +59,18 @@ def _block_mistakes(layer: EncoderLayer, x: torch.Tensor, valid: torch.Tensor) -
     }
 
 
+_ON_QUERIES = ("the padding put on the query axis, mask (B, 1, T, 1): it hides padded queries, not padded keys "
+               "(B, 1, 1, T), so at the real tokens it is no padding mask at all: real tokens attend to padding")
+
+
+def _on_queries(layer: EncoderLayer, x: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+    """The block with the padding mask on the query axis, (B, T, D) at every position: at the real tokens it
+    equals the block without a mask, and only the padded rows (masked whole) tell the two apart."""
+    a, n1, f, n2 = layer.attn, layer.norm1, layer.ffn, layer.norm2
+    h = n1(x + a(x, mask=valid.bool()[:, None, :, None]))              # mask (B, 1, T, 1)
+    return n2(h + f(h))
+
+
 @checker("post-LN encoder block")
 def check_encoder_block(fn: Callable[[EncoderLayer, torch.Tensor, torch.Tensor], torch.Tensor]) -> str:
     """fn(layer, x (B, T, D), valid (B, T) with 1 = real token) -> BERT's post-LN block (B, T, D), from layer's parts."""
@@ -68,10 +81,13 @@ def check_encoder_block(fn: Callable[[EncoderLayer, torch.Tensor, torch.Tensor],
     with torch.no_grad():
         expected = layer(x, mask=masks.padding_mask(valid))
         mistakes = _block_mistakes(layer, x, valid)
+        on_queries = _on_queries(layer, x, valid)
         layer.forward = _refuse_call                                   # the reader must use the parts
         what = f"encoder_block(layer, x, valid) with x of shape {(B, T, D)} and valid {(B, T)}"
         got = as_tensor(run(fn, layer, x.clone(), valid.clone(), what=what), what, shape=(B, T, D))
     real = valid.bool()                            # (B, T): a padded query's output is not specified
+    if matching(got, {_ON_QUERIES: on_queries}, 1e-4) and not matching(got[real], {"": expected[real]}, 1e-4):
+        raise CandidateError(f"{what} is wrong: it matches {_ON_QUERIES}")
     expect_close(got[real], expected[real], f"{what}, at the real tokens",
                  mistakes={name: wrong[real] for name, wrong in mistakes.items()}, atol=1e-4)
     return "equals EncoderLayer (post-LN, with the padding mask) at every real token of a padded batch"
