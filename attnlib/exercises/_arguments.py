@@ -2,8 +2,9 @@
 
 `snapshot(value)` records an argument before the call; `changes(before, value)` afterwards says what the call
 changed in place ('' when nothing): a tensor's values, the items of a list, tuple or dict (tensors in them too),
-and a module's parameters and buffers, or a function set on one of its submodules' instances
-(`decoder.forward = ...`). The checker computes its expected values from these same objects, so a change would
+and a module's parameters and buffers, a function set on one of its submodules' instances
+(`decoder.forward = ...`), a submodule's class (`norm.__class__ = ...`) or a method of that class
+(`nn.LayerNorm.forward = ...`), and the forward hooks on it or on every module. The checker computes its expected values from these same objects, so a change would
 make them agree with whatever the answer returns.
 """
 
@@ -17,11 +18,13 @@ from torch import nn
 __all__ = ["snapshot", "altered", "module_text"]
 
 class _Module:
-    """A module's parameters and buffers (copied), and the functions set on its submodules' instances."""
+    """A module's parameters and buffers (copied), the functions set on its submodules' instances, their classes
+    and those classes' methods, and the forward hooks that run with them."""
 
     def __init__(self, module: nn.Module) -> None:
         self.tensors = {k: v.detach().clone() for k, v in module.state_dict(keep_vars=True).items()}
         self.attributes = _methods(module)
+        self.behaviour = _behaviour(module)
 
     def changes(self, module: nn.Module) -> str:
         now = {k: v.detach() for k, v in module.state_dict(keep_vars=True).items()}
@@ -29,9 +32,36 @@ class _Module:
         methods = _methods(module)
         replaced = [f"{name}.{k}".lstrip(".") for (name, k), v in methods.items()
                     if self.attributes.get((name, k)) is not v]
+        behaviour = _behaviour(module)
+        other = [k for k in self.behaviour.keys() | behaviour.keys() if self.behaviour.get(k) is not behaviour.get(k)]
         said = ([f"its {'parameter' if len(tensors) == 1 else 'parameters'} {', '.join(tensors[:4])}"] if tensors
-                else []) + ([f"{', '.join(replaced[:4])} replaced on the instance"] if replaced else [])
+                else []) + ([f"{', '.join(replaced[:4])} replaced on the instance"] if replaced else []) + (
+                [f"{', '.join(sorted(other)[:4])}"] if other else [])
         return " and ".join(said)
+
+
+_HOOKS = ("_forward_hooks", "_forward_pre_hooks")
+
+
+def _behaviour(module: nn.Module) -> dict[str, object]:
+    """What decides what each submodule computes besides its tensors: its class, that class's forward and
+    __call__, the hooks registered on it, and the hooks registered on every module (by what each is now)."""
+    from torch.nn.modules import module as _nn_module
+
+    seen: dict[str, object] = {}
+    for name, m in module.named_modules():
+        where = f"`{name}`" if name else "the module"
+        cls = type(m)
+        seen[f"the class of {where}"] = cls
+        for method in ("forward", "__call__"):
+            seen[f"{cls.__name__}.{method} (a method of the class of {where})"] = getattr(cls, method, None)
+        for hooks in _HOOKS:
+            for key, hook in getattr(m, hooks, {}).items():
+                seen[f"a forward hook on {where} ({hooks.strip('_')} {key})"] = hook
+    for hooks in ("_global_forward_hooks", "_global_forward_pre_hooks"):
+        for key, hook in getattr(_nn_module, hooks, {}).items():
+            seen[f"a forward hook on every module ({hooks.strip('_')} {key})"] = hook
+    return seen
 
 
 def _methods(module: nn.Module) -> dict[tuple[str, str], object]:

@@ -23,6 +23,8 @@ __all__ = ["check_causal_mask", "check_hf_to_mask", "check_cross_attention_mask"
 _INVERTED = "an inverted mask: True where attending is forbidden (nn.MultiheadAttention's convention), not True = may attend"
 _UNEXPANDED = ("the (B, S) mask without its two broadcast axes: against scores (B, H, T, S) a (B, S) mask "
                "lines up with (T, S), so batch b's padding would mask query row b; use mask[:, None, None, :]")
+_MAX_LEN = ("a mask max(src_lengths) wide instead of S: the keys are the encoder's S positions, padding included, "
+            "however long the longest sentence is (torch.arange(S), not arange(max(src_lengths)))")
 _ON_QUERIES = ("the padding put on the query axis, (B, 1, S, 1) or (B, 1, T, 1): padding hides *keys* "
                "(columns), so the mask is (B, 1, 1, S)")
 
@@ -125,6 +127,12 @@ def check_cross_attention_mask(fn: Callable[[torch.Tensor, int, int], torch.Tens
         "the lengths applied to the T query positions instead of the S keys": (torch.arange(T) < lengths[:, None])[:, None, :, None],
         "a (B, 1, S, T) mask: rows are the T decoder queries, columns the S source keys": expected.transpose(-2, -1),
     })
+    short = torch.tensor([3, 1, 2])  # no sentence fills the S positions: the mask is still S wide
+    what = f"cross_attention_mask(src_lengths={short.tolist()}, T={T}, S={S})"
+    expected = masks.padding_mask(masks.lengths_to_valid(short, S)).expand(3, 1, T, S)
+    narrow = masks.padding_mask(masks.lengths_to_valid(short, int(short.max())))  # (B, 1, 1, max length)
+    _check_mask(run(fn, short.clone(), T, S, what=what), expected, what, mistakes={}, also_fine=((3, 1, 1, S),),
+                shape_mistakes={_MAX_LEN: narrow, f"{_MAX_LEN} ": narrow.expand(3, 1, T, -1)})
     return "(B, 1, T, S) bool with T != S, True at each sentence's real source tokens, no causal part"
 
 

@@ -144,6 +144,22 @@ def check_mha_param_count(fn: Callable[[int, int, int, bool], int]) -> str:
     return "equals the parameter count of attnlib.MultiHeadAttention for MHA, GQA and MQA, with and without biases"
 
 
+def _check_fused_heads(fn: Callable[..., tuple], x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor,
+                       y: torch.Tensor, h: int = 2) -> None:
+    """The fused projection again with h != 3 heads: with H = 3, a split of each head's [q, k, v] triple
+    (GPT-NeoX's layout) gives three (B, 3, T, Dh) tensors equal to q, k and v; y = x @ weight.T + bias."""
+    what = f"fused_qkv(x, weight, bias, num_heads={h}) with x {(B, T, D)}, weight {(3 * D, D)}"
+    got = _run_tensor(fn, x, weight, bias, h, what=what)
+    per_head = (B, 3, T, D // h)
+    if isinstance(got, (tuple, list)) and len(got) == h and all(
+            isinstance(t, torch.Tensor) and tuple(t.shape) == per_head for t in got):
+        raise CandidateError(f"{what} returned {h} tensors of shape {per_head}, one per head: the fused output was "
+                             f"split into a [q, k, v] triple per head (GPT-NeoX's layout), but nn.MultiheadAttention's "
+                             f"rows are three D-wide blocks [W_q; W_k; W_v]; with num_heads=3 the two happen to agree")
+    expected = torch.stack([split_heads(t, h) for t in y.split(D, dim=-1)])  # (3, B, h, T, D / h)
+    expect_close(as_triple(got, what, (B, h, T, D // h)), expected, what, mistakes=fused_mistakes(x, weight, bias, h))
+
+
 @checker("fused QKV projection")
 def check_fused_qkv(fn: Callable[..., tuple]) -> str:
     """fn(x, weight, bias, num_heads) -> (q, k, v), each (B, H, T, Dh), from nn.MultiheadAttention's
@@ -156,6 +172,7 @@ def check_fused_qkv(fn: Callable[..., tuple]) -> str:
     y = torch.nn.functional.linear(x, weight, bias)  # (B, T, 3D)
     expected = torch.stack([split_heads(t, H) for t in y.split(D, dim=-1)])  # (3, B, H, T, Dh)
     expect_close(got, expected, what, mistakes=fused_mistakes(x, weight, bias, H))
+    _check_fused_heads(fn, x, weight, bias, y)
     products = count_products(lambda: _run_tensor(fn, x, weight, bias, H, what=what))  # the values are right
     if products is not None and products > 1:
         return (f"q, k and v are right, but from {products} matrix products: the exercise asks for "
