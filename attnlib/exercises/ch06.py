@@ -30,6 +30,12 @@ def _refuse_call(*args, **kwargs):
                        "layer.ffn and layer.norm2")
 
 
+def _post_ln(layer: EncoderLayer, x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    """BERT's post-LN block from layer's parts, with `mask` given to attention: LN2(h + FFN(h)), h = LN1(x + MHA(x))."""
+    h = layer.norm1(x + layer.attn(x, mask=mask))
+    return layer.norm2(h + layer.ffn(h))
+
+
 def _block_mistakes(layer: EncoderLayer, x: torch.Tensor, valid: torch.Tensor) -> dict[str, torch.Tensor]:
     """Wrong blocks readers write, by name, each (B, T, D)."""
     a, n1, f, n2 = layer.attn, layer.norm1, layer.ffn, layer.norm2
@@ -40,9 +46,9 @@ def _block_mistakes(layer: EncoderLayer, x: torch.Tensor, valid: torch.Tensor) -
     return {
         "the pre-LN order (x + MHA(LN1(x)), then h + FFN(LN2(h))) instead of BERT's post-LN "
         "(LN1(x + MHA(x)), then LN2(h + FFN(h)))": pre_h + f(n2(pre_h)),
-        "no padding mask: real tokens attend to padding": n2(n1(x + a(x)) + f(n1(x + a(x)))),
+        "no padding mask: real tokens attend to padding": _post_ln(layer, x, None),
         "an inverted padding mask: tokens attend only to padding (1 = real token must become True = "
-        "may attend)": n2(n1(x + a(x, mask=inverted)) + f(n1(x + a(x, mask=inverted)))),
+        "may attend)": _post_ln(layer, x, inverted),
         "no residual around attention: LN1(MHA(x)) instead of LN1(x + MHA(x))":
             n2(n1(a(x, mask=mask)) + f(n1(a(x, mask=mask)))),
         "no residual around the FFN: LN2(FFN(h)) instead of LN2(h + FFN(h))": n2(f(h)),
@@ -63,14 +69,6 @@ _ON_QUERIES = ("the padding put on the query axis, mask (B, 1, T, 1): it hides p
                "(B, 1, 1, T), so at the real tokens it is no padding mask at all: real tokens attend to padding")
 
 
-def _on_queries(layer: EncoderLayer, x: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
-    """The block with the padding mask on the query axis, (B, T, D) at every position: at the real tokens it
-    equals the block without a mask, and only the padded rows (masked whole) tell the two apart."""
-    a, n1, f, n2 = layer.attn, layer.norm1, layer.ffn, layer.norm2
-    h = n1(x + a(x, mask=valid.bool()[:, None, :, None]))              # mask (B, 1, T, 1)
-    return n2(h + f(h))
-
-
 @checker("post-LN encoder block")
 def check_encoder_block(fn: Callable[[EncoderLayer, torch.Tensor, torch.Tensor], torch.Tensor]) -> str:
     """fn(layer, x (B, T, D), valid (B, T) with 1 = real token) -> BERT's post-LN block (B, T, D), from layer's parts."""
@@ -81,7 +79,9 @@ def check_encoder_block(fn: Callable[[EncoderLayer, torch.Tensor, torch.Tensor],
     with torch.no_grad():
         expected = layer(x, mask=masks.padding_mask(valid))
         mistakes = _block_mistakes(layer, x, valid)
-        on_queries = _on_queries(layer, x, valid)
+        # the mask on the query axis, (B, 1, T, 1): at the real tokens the same as no mask; only the padded
+        # rows, masked whole, tell the two apart, so this one mistake is compared at every position
+        on_queries = _post_ln(layer, x, valid.bool()[:, None, :, None])
         layer.forward = _refuse_call                                   # the reader must use the parts
         what = f"encoder_block(layer, x, valid) with x of shape {(B, T, D)} and valid {(B, T)}"
         got = as_tensor(run(fn, layer, x.clone(), valid.clone(), what=what), what, shape=(B, T, D))
