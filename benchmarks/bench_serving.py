@@ -16,8 +16,8 @@ serve's:
   finished rows keep computing, while serve gathers each row's keys and values through its block table;
 - 4 places: static batching with 4 places, the requests in order 4 at a time, each batch padded and
   decoded to its longest output before the next starts. Here a finished request's place stays empty
-  until its whole batch is done, where serve gives it to the next request at once: continuous batching
-  must win (goal >= 1).
+  until its whole batch is done, where serve gives it to the next request at once, but serve gathers keys
+  and values through its block table at every layer: the goal (>= 1) is that continuous batching wins.
 
 Each round times both sides of a ratio back to back, in alternating order; a row is the median of the
 per-round ratios (the machine is shared: a bare time would say more about the neighbours than about us).
